@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# The local stack: a real Apache Kafka broker (single-node KRaft) and a real PostgreSQL 15,
+# on loopback only, under .stack/ (git-ignored). Idempotent: `up` twice starts nothing twice.
+#
+#   scripts/stack.sh up        start what is not running; writes .stack/env
+#   scripts/stack.sh down      stop both; leaves no process of theirs behind
+#   scripts/stack.sh status    what runs where
+#   scripts/stack.sh logs      paths of the log files
+#   scripts/stack.sh env       print the environment (KAFKA_BROKERS, DATABASE_URL)
+#   scripts/stack.sh reset     down, then delete data (keeps the cached jars)
+#   scripts/stack.sh kafka CLASS ARGS...   run a Kafka tool, e.g.
+#        scripts/stack.sh kafka org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list
+#
+# Existing services: if KAFKA_BROKERS or DATABASE_URL is set and answers, it is used and nothing
+# is started for it.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+STACK_DIR=${STACK_DIR:-$ROOT/.stack}
+KAFKA_HOME=$STACK_DIR/kafka
+POM=$ROOT/scripts/kafka/pom.xml
+PG_DB=${PG_DB:-effectively}
+
+log() { printf '[stack] %s\n' "$*" >&2; }
+die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port_from() {
+  local p=$1
+  while port_busy "$p" || port_busy "$((p + 1))"; do p=$((p + 2)); done
+  echo "$p"
+}
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+kafka_version() { sed -n 's#.*<artifactId>kafka_2.13</artifactId><version>\([^<]*\)<.*#\1#p' "$POM"; }
+
+# ---------------------------------------------------------------------------------------------
+# Kafka
+# ---------------------------------------------------------------------------------------------
+
+kafka_jars() {
+  local want have
+  want=$(sha256sum "$POM" | cut -c1-16)
+  have=$(cat "$KAFKA_HOME/lib/.pom-hash" 2>/dev/null || true)
+  [ "$want" = "$have" ] && return 0
+  command -v mvn >/dev/null || die "mvn is needed to fetch Kafka's jars from Maven Central"
+  log "fetching Apache Kafka $(kafka_version) jars with mvn (cached in ~/.m2 and $KAFKA_HOME/lib)"
+  rm -rf "$KAFKA_HOME/lib.tmp"
+  mvn -B -q -f "$POM" dependency:copy-dependencies \
+    -DoutputDirectory="$KAFKA_HOME/lib.tmp" -DincludeScope=runtime >"$STACK_DIR/mvn.log" 2>&1 ||
+    { tail -30 "$STACK_DIR/mvn.log" >&2; die "mvn could not fetch Kafka's jars"; }
+  echo "$want" >"$KAFKA_HOME/lib.tmp/.pom-hash"
+  rm -rf "$KAFKA_HOME/lib"
+  mv "$KAFKA_HOME/lib.tmp" "$KAFKA_HOME/lib"
+}
+
+kafka_java() {
+  java -cp "$KAFKA_HOME/lib/*" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.properties" \
+    -Dkafka.logs.dir="$KAFKA_HOME/logs" "$@"
+}
+
+kafka_answers() {
+  kafka_java org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "$1" >/dev/null 2>&1
+}
+
+kafka_up() {
+  mkdir -p "$KAFKA_HOME/logs"
+  kafka_jars
+  if [ -n "${KAFKA_BROKERS:-}" ] && ! pid_alive "$KAFKA_HOME/pid" && kafka_answers "$KAFKA_BROKERS"; then
+    log "using the Kafka that answers at $KAFKA_BROKERS"
+    echo "$KAFKA_BROKERS" >"$STACK_DIR/kafka.brokers"
+    return 0
+  fi
+  if pid_alive "$KAFKA_HOME/pid"; then
+    log "kafka already running (pid $(cat "$KAFKA_HOME/pid")) at $(cat "$STACK_DIR/kafka.brokers")"
+    return 0
+  fi
+  local port=${KAFKA_PORT:-}
+  if [ -z "$port" ]; then
+    # Keep the port a formatted log dir was made for; otherwise 9092 or the next free pair.
+    port=$(cat "$KAFKA_HOME/port" 2>/dev/null || echo 9092)
+    if port_busy "$port" || port_busy "$((port + 1))"; then port=$(free_port_from 9092); fi
+  fi
+  echo "$port" >"$KAFKA_HOME/port"
+  cat >"$KAFKA_HOME/server.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$((port + 1))
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$((port + 1))
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$KAFKA_HOME/data
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.retention.hours=168
+EOF
+  if [ ! -f "$KAFKA_HOME/data/meta.properties" ]; then
+    local cid
+    cid=$(kafka_java kafka.tools.StorageTool random-uuid)
+    kafka_java kafka.tools.StorageTool format -t "$cid" -c "$KAFKA_HOME/server.properties" \
+      >"$KAFKA_HOME/logs/format.log" 2>&1 || { cat "$KAFKA_HOME/logs/format.log" >&2; die "kafka storage format failed"; }
+  fi
+  log "starting Apache Kafka $(kafka_version) on 127.0.0.1:$port (logs: $KAFKA_HOME/logs)"
+  setsid nohup java -Xms256m -Xmx${KAFKA_HEAP:-768m} -XX:+UseG1GC -Djava.awt.headless=true \
+    -cp "$KAFKA_HOME/lib/*" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.properties" \
+    -Dkafka.logs.dir="$KAFKA_HOME/logs" kafka.Kafka "$KAFKA_HOME/server.properties" \
+    >"$KAFKA_HOME/logs/stdout.log" 2>&1 </dev/null &
+  echo $! >"$KAFKA_HOME/pid"
+  echo "127.0.0.1:$port" >"$STACK_DIR/kafka.brokers"
+  local i
+  for i in $(seq 1 90); do
+    if ! pid_alive "$KAFKA_HOME/pid"; then
+      tail -30 "$KAFKA_HOME/logs/stdout.log" "$KAFKA_HOME/logs/server.log" >&2 || true
+      die "kafka exited during start-up"
+    fi
+    if kafka_answers "127.0.0.1:$port"; then
+      log "kafka answers metadata requests: $(grep -m1 -o 'Kafka version: [^ ]*' "$KAFKA_HOME/logs/server.log" || true)"
+      return 0
+    fi
+    sleep 1
+  done
+  die "kafka did not answer within 90 s (see $KAFKA_HOME/logs/server.log)"
+}
+
+kafka_down() {
+  pid_alive "$KAFKA_HOME/pid" || { rm -f "$KAFKA_HOME/pid"; return 0; }
+  local pid i
+  pid=$(cat "$KAFKA_HOME/pid")
+  log "stopping kafka (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -0 "$pid" 2>/dev/null && { log "kafka did not stop in 30 s; killing it"; kill -KILL "$pid" 2>/dev/null || true; }
+  rm -f "$KAFKA_HOME/pid"
+}
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL
+# ---------------------------------------------------------------------------------------------
+
+pg_bin() {
+  local d
+  for d in /usr/lib/postgresql/15/bin /usr/lib/postgresql/*/bin; do
+    [ -x "$d/initdb" ] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+
+pg_install() {
+  pg_bin >/dev/null && return 0
+  log "installing Debian's PostgreSQL 15 (apt-get)"
+  command -v apt-get >/dev/null || die "no PostgreSQL binaries and no apt-get to install them"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  # postgresql-15 alone: the binaries, without Debian's auto-started "main" cluster.
+  apt-get install -y -qq postgresql-15 postgresql-client-15 >/dev/null || die "apt-get install postgresql-15 failed"
+  pg_bin >/dev/null || die "PostgreSQL installed but initdb not found"
+}
+
+pg_answers() { psql "$1" -XtAc 'select 1' >/dev/null 2>&1; }
+
+as_postgres() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+# The data folder: .stack/pg, unless the postgres user cannot reach it (a clone under /root),
+# in which case it lives under /var/lib/effectively and .stack/pg points there.
+pg_data_dir() {
+  local link=$STACK_DIR/pg
+  if [ -L "$link" ]; then readlink "$link"; return 0; fi
+  if [ -d "$link" ]; then echo "$link"; return 0; fi
+  mkdir -p "$link"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$link"
+  if as_postgres test -w "$link"; then echo "$link"; return 0; fi
+  rmdir "$link"
+  local real
+  real=/var/lib/effectively/$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)/pg
+  mkdir -p "$real"
+  chown postgres:postgres "$real" "$(dirname "$real")"
+  ln -s "$real" "$link"
+  echo "$real"
+}
+
+pg_own_running() {
+  [ -e "$STACK_DIR/pg" ] && pg_bin >/dev/null && as_postgres "$(pg_bin)/pg_ctl" -D "$(pg_data_dir)" status >/dev/null 2>&1
+}
+
+pg_up() {
+  if [ -n "${DATABASE_URL:-}" ] && ! pg_own_running && pg_answers "$DATABASE_URL"; then
+    log "using the PostgreSQL that answers at DATABASE_URL"
+    echo "$DATABASE_URL" >"$STACK_DIR/pg.url"
+    return 0
+  fi
+  pg_install
+  local bin data port url
+  bin=$(pg_bin)
+  data=$(pg_data_dir)
+  if [ ! -f "$data/PG_VERSION" ]; then
+    log "initdb into $data"
+    [ "$(id -u)" = 0 ] && chown postgres:postgres "$data"
+    as_postgres "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 \
+      >"$STACK_DIR/initdb.log" 2>&1 || { cat "$STACK_DIR/initdb.log" >&2; die "initdb failed"; }
+  fi
+  if pg_own_running; then
+    port=$(cat "$STACK_DIR/pg.port")
+    log "postgresql already running on 127.0.0.1:$port"
+  else
+    port=${PG_PORT:-$(cat "$STACK_DIR/pg.port" 2>/dev/null || echo 5432)}
+    if port_busy "$port"; then port=$(free_port_from 5432); fi
+    echo "$port" >"$STACK_DIR/pg.port"
+    log "starting PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port (data: $data)"
+    # fsync and synchronous_commit stay on: we sell durability, and measure with it.
+    as_postgres "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start -o \
+      "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=300 \
+       -c shared_buffers=256MB -c max_wal_size=2GB -c fsync=on -c synchronous_commit=on" \
+      >/dev/null || { tail -30 "$data/server.log" >&2; die "postgresql did not start"; }
+  fi
+  url="postgres://postgres@127.0.0.1:$port/$PG_DB"
+  if ! psql "postgres://postgres@127.0.0.1:$port/postgres" -XtAc "select 1 from pg_database where datname = '$PG_DB'" | grep -q 1; then
+    psql "postgres://postgres@127.0.0.1:$port/postgres" -Xqc "create database $PG_DB" >/dev/null
+  fi
+  echo "$url" >"$STACK_DIR/pg.url"
+}
+
+pg_down() {
+  [ -e "$STACK_DIR/pg" ] || { rm -f "$STACK_DIR/pg.url"; return 0; }
+  local bin data
+  bin=$(pg_bin) || return 0
+  data=$(pg_data_dir)
+  if as_postgres "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    log "stopping postgresql"
+    as_postgres "$bin/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null
+  fi
+  rm -f "$STACK_DIR/pg.url"
+}
+
+# ---------------------------------------------------------------------------------------------
+
+write_env() {
+  cat >"$STACK_DIR/env" <<EOF
+export KAFKA_BROKERS=$(cat "$STACK_DIR/kafka.brokers")
+export DATABASE_URL=$(cat "$STACK_DIR/pg.url")
+EOF
+}
+
+status() {
+  if pid_alive "$KAFKA_HOME/pid"; then
+    echo "kafka:      running, pid $(cat "$KAFKA_HOME/pid"), $(cat "$STACK_DIR/kafka.brokers")"
+  elif [ -f "$STACK_DIR/kafka.brokers" ] && kafka_answers "$(cat "$STACK_DIR/kafka.brokers")" 2>/dev/null; then
+    echo "kafka:      external, $(cat "$STACK_DIR/kafka.brokers")"
+  else
+    echo "kafka:      stopped"
+  fi
+  if [ -f "$STACK_DIR/pg.url" ] && pg_answers "$(cat "$STACK_DIR/pg.url")"; then
+    echo "postgresql: running, $(cat "$STACK_DIR/pg.url")"
+  else
+    echo "postgresql: stopped"
+  fi
+}
+
+mkdir -p "$STACK_DIR"
+case "${1:-}" in
+  up)
+    kafka_up
+    pg_up
+    write_env
+    cat "$STACK_DIR/env"
+    ;;
+  down)
+    kafka_down
+    pg_down
+    rm -f "$STACK_DIR/env" "$STACK_DIR/kafka.brokers"
+    ;;
+  status) status ;;
+  env) cat "$STACK_DIR/env" 2>/dev/null || die "stack is not up; run: scripts/stack.sh up" ;;
+  logs)
+    echo "$KAFKA_HOME/logs/server.log"
+    [ -e "$STACK_DIR/pg" ] && echo "$(pg_data_dir)/server.log"
+    ;;
+  reset)
+    "$0" down
+    rm -rf "$KAFKA_HOME/data" "$KAFKA_HOME/port" "$STACK_DIR/pg.port"
+    if [ -e "$STACK_DIR/pg" ]; then rm -rf "$(pg_data_dir)"; rm -rf "$STACK_DIR/pg"; fi
+    ;;
+  kafka)
+    shift
+    kafka_jars
+    kafka_java "$@"
+    ;;
+  *)
+    sed -n '2,16p' "$0" >&2
+    exit 2
+    ;;
+esac
