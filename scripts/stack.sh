@@ -167,7 +167,7 @@ pg_install() {
 pg_answers() { psql "$1" -XtAc 'select 1' >/dev/null 2>&1; }
 
 as_postgres() {
-  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+  if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
 }
 
 # The data folder: .stack/pg, unless the postgres user cannot reach it (a clone under /root),
