@@ -10,8 +10,27 @@
 //! Each module uses only the ones listed below it.
 //!
 //! - [`cli`]: the command line (`effectively run | migrate | check-config`).
-//! - [`store`]: every SQL statement, each function taking the caller's client or transaction;
-//!   [`store::migrate`] applies `migrations/`.
+//! - [`worker`]: wires config, pool, handlers and one source per consumer; shutdown.
+//! - [`source`]: Kafka group membership and rebalances ([`source::consumer`]: claim and seek
+//!   on assignment, drain on revocation), one task per partition that batches
+//!   ([`source::partition`]).
+//! - [`strategy`]: what a batch does to the database: [`strategy::batched`] (the default, one
+//!   transaction per batch) and [`strategy::per_message`] (the seed's idempotent consumer).
+//! - [`handler`]: the effect: the trait, [`handler::cashback`], [`handler::sql`].
+//! - [`store`]: every SQL statement, each function taking the caller's transaction: offsets
+//!   and fencing ([`store::offsets`]), staging by `COPY` ([`store::copy`]), the dedupe insert
+//!   ([`store::dedupe`]), daily partitions ([`store::partitions`]), dead letters
+//!   ([`store::dead_letters`]), migrations ([`store::migrate`]).
+//! - [`batch`], [`envelope`] (decoding a record: message id, event date, rejections),
+//!   [`config`], [`stats`].
 
+pub mod batch;
 pub mod cli;
+pub mod config;
+pub mod envelope;
+pub mod handler;
+pub mod source;
+pub mod stats;
 pub mod store;
+pub mod strategy;
+pub mod worker;

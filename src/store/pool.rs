@@ -1,6 +1,8 @@
 //! The connection pool, built from a `postgres://` URL.
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use std::time::Duration;
+
+use deadpool_postgres::{HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
 
 /// Errors building a pool or opening a connection.
@@ -14,11 +16,29 @@ pub enum PoolError {
     Connect(#[source] tokio_postgres::Error),
 }
 
-/// A pool of `size` connections to `url`. Connections are checked with a cheap round trip
-/// when recycled (`RecyclingMethod::Fast` would hand out a connection that the server already
-/// closed after a restart, and the first statement of a batch would fail on it).
-pub fn build(url: &str, size: usize) -> Result<Pool, PoolError> {
-    let pg: tokio_postgres::Config = url.parse().map_err(PoolError::Url)?;
+/// How the engine's connections are set up.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    pub size: usize,
+    pub connect_timeout: Duration,
+    /// PostgreSQL ends a session left idle inside a transaction for this long. A worker that
+    /// was stopped (SIGSTOP, a long GC-like pause) mid-batch would otherwise hold the partition's
+    /// offsets row lock forever, and the new owner's claim would wait behind it.
+    pub idle_in_transaction_timeout: Duration,
+}
+
+/// A pool of connections to `url`. Each new connection gets the session's staging table
+/// (see [`crate::store::copy`]). Connections are checked with a cheap round trip when recycled:
+/// `RecyclingMethod::Fast` would hand out a connection the server already closed after a
+/// restart, and the first statement of a batch would fail on it.
+pub fn build(url: &str, opts: &PoolOptions) -> Result<Pool, PoolError> {
+    let mut pg: tokio_postgres::Config = url.parse().map_err(PoolError::Url)?;
+    pg.connect_timeout(opts.connect_timeout);
+    pg.application_name("effectively");
+    pg.options(format!(
+        "-c idle_in_transaction_session_timeout={}",
+        opts.idle_in_transaction_timeout.as_millis()
+    ));
     let manager = Manager::from_config(
         pg,
         NoTls,
@@ -26,7 +46,19 @@ pub fn build(url: &str, size: usize) -> Result<Pool, PoolError> {
             recycling_method: RecyclingMethod::Verified,
         },
     );
-    Ok(Pool::builder(manager).max_size(size).build()?)
+    Ok(Pool::builder(manager)
+        .max_size(opts.size)
+        .runtime(Runtime::Tokio1)
+        .create_timeout(Some(opts.connect_timeout))
+        .post_create(deadpool_postgres::Hook::async_fn(|client, _| {
+            Box::pin(async move {
+                client
+                    .batch_execute(super::copy::CREATE_SESSION_TABLES)
+                    .await
+                    .map_err(HookError::Backend)
+            })
+        }))
+        .build()?)
 }
 
 /// One connection outside any pool, its connection task spawned on the current runtime.

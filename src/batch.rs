@@ -1,0 +1,129 @@
+//! Records as the engine holds them between the Kafka source and a strategy: the raw record
+//! (kept whole, so a parked message keeps its exact key, headers and bytes) and what decoding
+//! made of it.
+
+use bytes::Bytes;
+
+use crate::envelope::{Envelope, RawRecord, Rejection};
+use crate::store::dead_letters::Parked;
+
+/// One Kafka record, owned.
+#[derive(Debug, Clone)]
+pub struct Raw {
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp_ms: Option<i64>,
+    pub key: Option<Bytes>,
+    pub payload: Option<Bytes>,
+    pub headers: Vec<(String, Option<Bytes>)>,
+}
+
+impl Raw {
+    /// Copies a record out of librdkafka's buffer.
+    pub fn from_message<M: rdkafka::Message>(m: &M) -> Raw {
+        use rdkafka::message::Headers;
+        let headers = m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key.to_string(), h.value.map(Bytes::copy_from_slice)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Raw {
+            partition: m.partition(),
+            offset: m.offset(),
+            timestamp_ms: m.timestamp().to_millis(),
+            key: m.key().map(Bytes::copy_from_slice),
+            payload: m.payload().map(Bytes::copy_from_slice),
+            headers,
+        }
+    }
+
+    /// Bytes this record holds, for the batch's byte bound.
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, |k| k.len())
+            + self.payload.as_ref().map_or(0, |p| p.len())
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len()))
+                .sum::<usize>()
+    }
+
+    /// Runs `f` over a borrowed view of this record (what the decoder reads).
+    pub fn with_view<T>(&self, f: impl FnOnce(&RawRecord<'_>) -> T) -> T {
+        let headers: Vec<(&str, Option<&[u8]>)> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_deref()))
+            .collect();
+        f(&RawRecord {
+            partition: self.partition,
+            offset: self.offset,
+            timestamp_ms: self.timestamp_ms,
+            key: self.key.as_deref(),
+            payload: self.payload.as_deref(),
+            headers: &headers,
+        })
+    }
+
+    /// This record as a dead letter.
+    pub fn parked<'a>(
+        &'a self,
+        topic: &'a str,
+        rejection: &'a Rejection,
+        attempts: i32,
+    ) -> Parked<'a> {
+        Parked {
+            topic,
+            partition: self.partition,
+            offset: self.offset,
+            message_id: rejection.message_id,
+            reason: rejection.reason.as_str(),
+            detail: &rejection.detail,
+            key: self.key.as_deref(),
+            header_names: self.headers.iter().map(|(k, _)| k.as_str()).collect(),
+            header_values: self.headers.iter().map(|(_, v)| v.as_deref()).collect(),
+            payload: self.payload.as_deref(),
+            kafka_ts: self
+                .timestamp_ms
+                .and_then(chrono::DateTime::from_timestamp_millis),
+            attempts,
+        }
+    }
+}
+
+/// A record and the decoder's verdict on it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub raw: Raw,
+    pub decoded: Result<Envelope, Rejection>,
+}
+
+/// A run of consecutive records of one partition, in offset order.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub records: Vec<Record>,
+    pub bytes: usize,
+}
+
+impl Batch {
+    pub fn push(&mut self, record: Record) {
+        self.bytes += record.raw.size();
+        self.records.push(record);
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// The offset the partition resumes at once this batch is applied.
+    pub fn next_offset(&self) -> Option<i64> {
+        self.records.last().map(|r| r.raw.offset + 1)
+    }
+}

@@ -1,0 +1,901 @@
+//! The typed configuration: `effectively.toml`, then environment overrides, then the
+//! cross-field checks, all before any connection is opened, so that a bad value fails
+//! `check-config` rather than a rebalance in production.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use humantime_serde::re::humantime::format_duration;
+use serde::{Deserialize, Deserializer};
+
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Why a configuration was refused; each message names the key or variable to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The TOML error's text carries the line and column.
+    #[error("invalid configuration file: {0}")]
+    Parse(#[from] toml::de::Error),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    #[error("environment variable {name}: {reason}")]
+    Env { name: String, reason: String },
+}
+
+/// The top level of `effectively.toml`. Every section but `[[consumer]]` may be left out.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    /// Optional as a whole: the URL usually comes from `DATABASE_URL`.
+    #[serde(default)]
+    pub database: DatabaseConfig,
+    #[serde(default)]
+    pub worker: WorkerConfig,
+    /// `[[consumer]]`. Defaults to empty so that `validate` can say what is missing.
+    #[serde(rename = "consumer", default)]
+    pub consumers: Vec<ConsumerConfig>,
+}
+
+/// `[kafka]`. `Debug` is by hand so that credentials in `options` are never printed.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`; overridden by `KAFKA_BROKERS`.
+    pub brokers: String,
+    /// How long the group coordinator waits to hear from this member before evicting it.
+    #[serde(with = "humantime_serde")]
+    pub session_timeout: Duration,
+    /// The longest gap between two polls before librdkafka leaves the group on our behalf.
+    #[serde(with = "humantime_serde")]
+    pub max_poll_interval: Duration,
+    /// `[kafka.options]`: raw librdkafka properties (TLS, SASL, tuning), passed through.
+    pub options: BTreeMap<String, String>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:9092".into(),         // the local stack's broker
+            session_timeout: Duration::from_secs(45), // librdkafka session.timeout.ms 45000
+            max_poll_interval: Duration::from_secs(300), // librdkafka max.poll.interval.ms 300000
+            options: BTreeMap::new(),
+        }
+    }
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secret = |k: &str| {
+            let k = k.to_ascii_lowercase();
+            ["password", "secret", "sasl.oauthbearer", "ssl.key.pem"]
+                .iter()
+                .any(|s| k.contains(s))
+        };
+        let options: BTreeMap<&str, &str> = (self.options.iter())
+            .map(|(k, v)| (k.as_str(), if secret(k) { "***" } else { v.as_str() }))
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("session_timeout", &self.session_timeout)
+            .field("max_poll_interval", &self.max_poll_interval)
+            .field("options", &options)
+            .finish()
+    }
+}
+
+/// `[database]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// Overridden by `DATABASE_URL`; printed without its password.
+    pub url: Secret,
+    /// Shared by every partition's transactions; overridden by `EFFECTIVELY_POOL_SIZE`.
+    pub pool_size: usize,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// PostgreSQL's `idle_in_transaction_session_timeout`: the server ends the session (and
+    /// releases the locks) of a zombie worker left inside a transaction.
+    #[serde(with = "humantime_serde")]
+    pub idle_in_transaction_timeout: Duration,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: Secret::new("postgres://postgres@127.0.0.1:5432/effectively"), // the local stack
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            idle_in_transaction_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[worker]`: this process.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// Recorded as the owner of the partitions it holds; see [`Config::worker_id`].
+    pub id: Option<String>,
+    /// The longest the engine spends finishing in-flight batches when partitions are revoked.
+    #[serde(with = "humantime_serde")]
+    pub revoke_deadline: Duration,
+    /// The longest a graceful shutdown waits for in-flight batches.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_deadline: Duration,
+    /// Where to serve metrics; `None` serves none.
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            id: None,
+            revoke_deadline: Duration::from_secs(20), // well under the 45s session timeout
+            shutdown_deadline: Duration::from_secs(30),
+            metrics_addr: None,
+        }
+    }
+}
+
+/// One `[[consumer]]`: topics, a handler, and `name`, the dedupe scope.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// The dedupe scope: two consumers with different names each apply every message once.
+    pub name: String,
+    pub topics: Vec<String>,
+    /// Kafka `group.id`; `None` uses `name` (see [`ConsumerConfig::group_id`]).
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)] // batch
+    pub strategy: Strategy,
+    pub handler: HandlerConfig,
+    /// Used only for partitions PostgreSQL has no offset for. Default `earliest`, unlike
+    /// librdkafka's `latest`: better to apply old events than to skip them.
+    #[serde(default)]
+    pub auto_offset_reset: OffsetReset,
+    #[serde(default)]
+    pub batch: BatchConfig,
+    #[serde(default = "default_message_id")] // { header = "event_id" }
+    pub message_id: MessageIdSource,
+    /// Picks the dedupe ledger's daily partition. Default `auto`.
+    #[serde(default)]
+    pub event_date: EventDateSource,
+    /// A bigger payload is parked as oversized instead of reaching the handler. Default 1 MiB
+    /// (librdkafka's message.max.bytes is 1000000, but for a whole message set).
+    #[serde(default = "default_max_payload_bytes")]
+    pub max_payload_bytes: usize,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// How long dedupe keys are kept: the latest a copy can arrive and still be recognised.
+    /// Default 15 days, the seed's SQS-with-DLQ figure.
+    #[serde(default = "default_retention", with = "humantime_serde")]
+    pub retention: Duration,
+    /// Events dated further in the future are parked: a bad clock or field would otherwise
+    /// create dedupe partitions nobody drops. Default 1 day.
+    #[serde(default = "default_future_tolerance", with = "humantime_serde")]
+    pub future_tolerance: Duration,
+    /// Daily dedupe partitions created ahead of today. Default 3.
+    #[serde(default = "default_partitions_ahead")]
+    pub partitions_ahead: u32,
+}
+
+fn default_message_id() -> MessageIdSource {
+    MessageIdSource::Header("event_id".into())
+}
+fn default_max_payload_bytes() -> usize {
+    1_048_576
+}
+fn default_retention() -> Duration {
+    15 * DAY
+}
+fn default_future_tolerance() -> Duration {
+    DAY
+}
+fn default_partitions_ahead() -> u32 {
+    3
+}
+fn default_rate_bp() -> u32 {
+    200
+}
+
+impl ConsumerConfig {
+    /// The Kafka consumer group: `group` if set, else `name`.
+    pub fn group_id(&self) -> &str {
+        self.group.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// How records are grouped into PostgreSQL transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// One transaction per partition batch: the throughput path.
+    #[default]
+    Batch,
+    /// One transaction per record, for handlers that cannot work on a set.
+    PerMessage,
+}
+
+/// Where a partition with no offset in PostgreSQL starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OffsetReset {
+    #[default]
+    Earliest,
+    Latest,
+}
+
+impl OffsetReset {
+    /// The value for librdkafka's `auto.offset.reset`.
+    pub fn as_librdkafka(&self) -> &'static str {
+        match self {
+            OffsetReset::Earliest => "earliest",
+            OffsetReset::Latest => "latest",
+        }
+    }
+}
+
+/// `[consumer.batch]`: when a partition's batch is cut.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchConfig {
+    pub max_messages: usize,
+    /// The sum of payload sizes.
+    pub max_bytes: usize,
+    /// The longest a batch waits for more records while more are arriving; a batch is flushed
+    /// at once when nothing more is waiting, so a quiet topic pays no latency.
+    #[serde(with = "humantime_serde")]
+    pub linger: Duration,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        BatchConfig {
+            max_messages: 1000,
+            max_bytes: 4 * 1024 * 1024,
+            linger: Duration::from_millis(5),
+        }
+    }
+}
+
+/// Where a record's message id (the dedupe key, a UUID) is read from.
+/// TOML: `message_id = { header = "event_id" }` or `message_id = { json_pointer = "/event_id" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageIdSource {
+    Header(String),
+    JsonPointer(String),
+}
+
+/// Where an event's date, which picks its dedupe partition, is read from. Never the processing
+/// date: every copy of one event must land in the same partition to meet the same key.
+/// TOML: `"auto"`, `"uuid7"`, or a JSON pointer such as `"/occurred_at"`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum EventDateSource {
+    /// The payload's `/occurred_at` (RFC 3339) if present, else the UUIDv7 message id's time.
+    #[default]
+    Auto,
+    /// The timestamp inside a UUIDv7 message id.
+    Uuid7,
+    /// An RFC 3339 string at this JSON pointer in the payload.
+    JsonPointer(String),
+}
+
+impl FromStr for EventDateSource {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(EventDateSource::Auto),
+            "uuid7" => Ok(EventDateSource::Uuid7),
+            p if p.starts_with('/') => Ok(EventDateSource::JsonPointer(p.into())),
+            other => Err(format!(
+                "event_date {other:?} must be \"auto\", \"uuid7\" or a JSON pointer starting \
+                 with \"/\" (did you mean \"/{other}\"?)"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EventDateSource {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for EventDateSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EventDateSource::Auto => "auto",
+            EventDateSource::Uuid7 => "uuid7",
+            EventDateSource::JsonPointer(p) => p,
+        })
+    }
+}
+
+/// `[consumer.retry]`: transient failures (deadlocks, lost connections) of one batch.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts before the batch's messages are isolated and the failing ones parked, so that
+    /// one poison message cannot stall its partition forever.
+    pub max_attempts: u32,
+    #[serde(with = "humantime_serde")]
+    pub initial_backoff: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The effect applied to a batch's fresh (never applied before) messages, tagged by `kind`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum HandlerConfig {
+    /// The built-in cashback example; `rate_bp` in basis points (200 = 2%).
+    Cashback {
+        #[serde(default = "default_rate_bp")]
+        rate_bp: u32,
+    },
+    /// One SQL statement run in the batch transaction, reading the table `fresh_messages`.
+    Sql { statement: String },
+    /// A handler registered in Rust by a library user under this name.
+    Custom { name: String },
+}
+
+/// A connection string whose `Debug` and `Display` hide the password, so that `{:?}` of a whole
+/// [`Config`] is safe to log; [`Secret::expose`] gives the real value.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The real value, for the one place that connects.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&redact(&self.0), f)
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.0))
+    }
+}
+
+/// Hides the password of `scheme://user:password@host...`, and any `password=value` (a URL
+/// query parameter, or a libpq key/value string). The *last* `@` ends the user info, so that a
+/// password holding `/` or `@` is hidden too: when unsure, this hides too much, never too little.
+fn redact(s: &str) -> String {
+    let mut url = s.to_string();
+    if let Some((scheme, rest)) = s.split_once("://") {
+        if let Some(at) = rest.rfind('@') {
+            if let Some((user, _)) = rest[..at].split_once(':') {
+                url = format!("{scheme}://{user}:***{}", &rest[at..]);
+            }
+        }
+    }
+    let (mut out, mut rest) = (String::new(), url.as_str());
+    while let Some(i) = rest.find("password=") {
+        let (head, value) = rest.split_at(i + "password=".len());
+        let end = match value.strip_prefix('\'') {
+            Some(quoted) => quoted.find('\'').map_or(value.len(), |j| j + 2),
+            None => (value.find(|c: char| c == '&' || c.is_whitespace())).unwrap_or(value.len()),
+        };
+        out.push_str(head);
+        out.push_str("***");
+        rest = &value[end..];
+    }
+    out + rest
+}
+
+impl Config {
+    /// Parses and validates `text`, without environment overrides.
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads `path`, applies the environment overrides, and validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with_env(path, |name| std::env::var(name).ok())
+    }
+
+    /// [`Config::load`] with the environment as a lookup, so that tests need not change the
+    /// process's environment (which other test threads read).
+    ///
+    /// Overrides: `KAFKA_BROKERS`, `DATABASE_URL`, `EFFECTIVELY_WORKER_ID` and
+    /// `EFFECTIVELY_POOL_SIZE`. An empty variable counts as unset, because a compose file's
+    /// `${VAR:-}` would otherwise wipe a configured value.
+    pub fn load_with_env<F>(path: &Path, env: F) -> Result<Config, ConfigError>
+    where
+        F: Fn(&str) -> Option<String>,
+    {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut config: Config = toml::from_str(&text)?;
+        let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        if let Some(v) = var("KAFKA_BROKERS") {
+            config.kafka.brokers = v;
+        }
+        if let Some(v) = var("DATABASE_URL") {
+            config.database.url = Secret(v);
+        }
+        if let Some(v) = var("EFFECTIVELY_WORKER_ID") {
+            config.worker.id = Some(v);
+        }
+        if let Some(v) = var("EFFECTIVELY_POOL_SIZE") {
+            config.database.pool_size = v.trim().parse().map_err(|e| ConfigError::Env {
+                name: "EFFECTIVELY_POOL_SIZE".into(),
+                reason: format!("{v:?} is not a connection count: {e}"),
+            })?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The checks serde cannot express. Reports every problem at once, separated by `; `.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let (kafka, worker) = (&self.kafka, &self.worker);
+        let mut problems = Vec::new();
+        if worker.revoke_deadline >= kafka.session_timeout {
+            problems.push(format!(
+                "worker.revoke_deadline ({}) must be less than kafka.session_timeout ({}): the \
+                 rebalance callback must return before the group coordinator gives up on this \
+                 member",
+                format_duration(worker.revoke_deadline),
+                format_duration(kafka.session_timeout)
+            ));
+        }
+        if kafka.session_timeout > kafka.max_poll_interval {
+            problems.push(format!(
+                "kafka.session_timeout ({}) must not exceed kafka.max_poll_interval ({}), as \
+                 librdkafka requires",
+                format_duration(kafka.session_timeout),
+                format_duration(kafka.max_poll_interval)
+            ));
+        }
+        if self.database.pool_size < 1 {
+            problems.push("database.pool_size must be at least 1".into());
+        }
+        if self.consumers.is_empty() {
+            problems.push("at least one [[consumer]] is required".into());
+        }
+        let mut names = HashSet::new();
+        for c in &self.consumers {
+            if !names.insert(&c.name) {
+                problems.push(format!(
+                    "consumer {:?} is defined twice: names are dedupe scopes, so must be unique",
+                    c.name
+                ));
+            }
+            for p in c.problems() {
+                problems.push(format!("consumer {:?}: {p}", c.name));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems.join("; ")))
+        }
+    }
+
+    /// `worker.id` if set, else `<hostname>-<pid>`: unique per running process, and readable
+    /// by an operator looking at who owns a partition.
+    pub fn worker_id(&self) -> String {
+        if let Some(id) = &self.worker.id {
+            return id.clone();
+        }
+        let host = hostname::get().map_or_else(
+            |_| "unknown-host".into(),
+            |h| h.to_string_lossy().into_owned(),
+        );
+        format!("{host}-{}", std::process::id())
+    }
+}
+
+/// `[A-Za-z0-9._-]` with a length in `1..=max`: Kafka's rule for topic names, reused for
+/// consumer names so that they need no quoting in logs, metrics and operators' queries.
+fn valid_name(s: &str, max: usize) -> bool {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+    (1..=max).contains(&s.len()) && s.bytes().all(allowed)
+}
+
+impl ConsumerConfig {
+    /// This consumer's problems, without the `consumer "name": ` prefix.
+    fn problems(&self) -> Vec<String> {
+        let (batch, retry) = (&self.batch, &self.retry);
+        let mut p = Vec::new();
+        if !valid_name(&self.name, 100) {
+            p.push("name must be 1 to 100 characters of A-Z a-z 0-9 . _ -".into());
+        }
+        if self.topics.is_empty() {
+            p.push("topics must list at least one topic".into());
+        }
+        if batch.max_messages < 1 {
+            p.push("batch.max_messages must be at least 1".into());
+        }
+        if batch.max_bytes < 1 {
+            p.push("batch.max_bytes must be at least 1".into());
+        }
+        if retry.max_attempts < 1 {
+            p.push("retry.max_attempts must be at least 1".into());
+        }
+        if self.partitions_ahead > 60 {
+            p.push("partitions_ahead must be at most 60".into());
+        }
+        for t in &self.topics {
+            if !valid_name(t, 249) || t == "." || t == ".." {
+                p.push(format!("topics: {t:?} is not a valid Kafka topic name (1 to 249 characters of A-Z a-z 0-9 . _ -)"));
+            }
+        }
+        match &self.handler {
+            HandlerConfig::Cashback { rate_bp } if *rate_bp > 10_000 => p.push(format!(
+                "handler.rate_bp ({rate_bp}) must be at most 10000 (100%)"
+            )),
+            HandlerConfig::Sql { statement } if statement.trim().is_empty() => {
+                p.push("handler.statement must not be empty".into())
+            }
+            HandlerConfig::Custom { name } if name.trim().is_empty() => {
+                p.push("handler.name must not be empty".into())
+            }
+            _ => {}
+        }
+        match &self.message_id {
+            MessageIdSource::Header(h) if h.is_empty() => {
+                p.push("message_id.header must not be empty".into())
+            }
+            MessageIdSource::JsonPointer(ptr) if !ptr.starts_with('/') => p.push(format!(
+                "message_id.json_pointer {ptr:?} must start with \"/\""
+            )),
+            _ => {}
+        }
+        if retry.max_backoff < retry.initial_backoff {
+            p.push(format!(
+                "retry.max_backoff ({}) must be at least retry.initial_backoff ({})",
+                format_duration(retry.max_backoff),
+                format_duration(retry.initial_backoff)
+            ));
+        }
+        if self.retention <= DAY {
+            p.push(format!(
+                "retention ({}) must be more than 1 day: whole daily partitions are dropped, so \
+                 a shorter retention would forget keys from yesterday",
+                format_duration(self.retention)
+            ));
+        }
+        p
+    }
+}
+
+/// A complete, commented `effectively.toml`. Every value shown is the default unless its
+/// comment says otherwise.
+pub const EXAMPLE: &str = r#"# effectively.toml
+# Environment overrides: KAFKA_BROKERS, DATABASE_URL, EFFECTIVELY_WORKER_ID, EFFECTIVELY_POOL_SIZE.
+# Durations are humantime strings: "5ms", "45s", "5m", "15days".
+
+[kafka]
+brokers = "127.0.0.1:9092"
+# The group coordinator evicts a member silent this long (librdkafka session.timeout.ms).
+session_timeout = "45s"
+# The longest gap between polls before librdkafka leaves the group (max.poll.interval.ms).
+max_poll_interval = "5m"
+
+# Raw librdkafka properties, passed through; values of keys naming a password or secret are
+# never printed. (Not a default: the default is no options.)
+[kafka.options]
+"client.id" = "effectively"
+
+[database]
+# A password here (or in DATABASE_URL) is never printed.
+url = "postgres://postgres@127.0.0.1:5432/effectively"
+pool_size = 16
+connect_timeout = "5s"
+# PostgreSQL ends the session of a zombie worker left inside a transaction after this long.
+idle_in_transaction_timeout = "1m"
+
+[worker]
+# id = "worker-1"   # default "<hostname>-<pid>"
+# Must be less than kafka.session_timeout: revocation must finish before the coordinator
+# gives up on this member.
+revoke_deadline = "20s"
+shutdown_deadline = "30s"
+# metrics_addr = "127.0.0.1:9898"   # default: no metrics endpoint
+
+# Credits 2% cashback for every payment, a batch of fresh messages per transaction.
+[[consumer]]
+name = "rewards"            # the dedupe scope, and the Kafka group unless `group` is set
+topics = ["payments"]
+strategy = "batch"          # or "per-message"
+handler = { kind = "cashback", rate_bp = 200 }
+auto_offset_reset = "earliest"   # only for partitions PostgreSQL has no offset for
+message_id = { header = "event_id" }   # or { json_pointer = "/event_id" }; a UUID
+event_date = "auto"         # "/occurred_at" if present, else the UUIDv7 id's time
+max_payload_bytes = 1048576 # bigger payloads are parked as oversized
+retention = "15days"        # how long a duplicate is still recognised
+future_tolerance = "1day"   # events dated further ahead are parked
+partitions_ahead = 3        # daily dedupe partitions created ahead of today
+
+[consumer.batch]
+max_messages = 1000
+max_bytes = 4194304
+linger = "5ms"              # only while more records are arriving
+
+[consumer.retry]
+max_attempts = 5            # then the batch is split and failing messages are parked
+initial_backoff = "100ms"
+max_backoff = "10s"
+
+# Copies every payment into a table of your own, one message per transaction. Create it first:
+#   CREATE TABLE payment_audit (event_id uuid PRIMARY KEY, amount_paise bigint);
+[[consumer]]
+name = "audit"
+topics = ["payments"]
+strategy = "per-message"
+message_id = { json_pointer = "/event_id" }
+event_date = "/occurred_at"
+
+# `fresh_messages` is a view of the batch's messages this consumer has never applied (columns
+# seq, message_id, event_date, partition, offset, kafka_ts, key, payload jsonb); $1 is the
+# consumer's name.
+[consumer.handler]
+kind = "sql"
+statement = """
+INSERT INTO payment_audit (event_id, amount_paise)
+SELECT message_id, (payload->>'amount_paise')::bigint
+FROM fresh_messages ORDER BY message_id
+"""
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "[[consumer]]\nname = \"rewards\"\ntopics = [\"payments\"]\n\
+                           handler = { kind = \"cashback\" }\n";
+    const SEC: Duration = Duration::from_secs(1);
+    const MS: Duration = Duration::from_millis(1);
+
+    /// MINIMAL with `extra` appended inside its consumer.
+    fn with(extra: &str) -> String {
+        format!("{MINIMAL}{extra}\n")
+    }
+
+    fn consumer(text: &str) -> ConsumerConfig {
+        let config = Config::from_toml_str(text);
+        config.expect(text).consumers.remove(0)
+    }
+
+    fn invalid(text: &str) -> String {
+        match Config::from_toml_str(text) {
+            Err(ConfigError::Invalid(msg)) => msg,
+            other => panic!("expected ConfigError::Invalid, got {other:?}"),
+        }
+    }
+
+    fn is_parse_error(text: &str) -> bool {
+        matches!(Config::from_toml_str(text), Err(ConfigError::Parse(_)))
+    }
+
+    #[test]
+    fn example_parses_validates_and_shows_the_defaults() {
+        let config = Config::from_toml_str(EXAMPLE).expect("EXAMPLE is valid");
+        let minimal = Config::from_toml_str(MINIMAL).expect("MINIMAL is valid");
+        assert_eq!(config.database, minimal.database);
+        assert_eq!(config.worker, minimal.worker);
+        assert_eq!(config.consumers[0], minimal.consumers[0]);
+        let audit = &config.consumers[1];
+        assert_eq!(audit.strategy, Strategy::PerMessage);
+        let HandlerConfig::Sql { statement } = &audit.handler else {
+            panic!("audit has an sql handler");
+        };
+        assert!(statement.contains("payload->>'amount_paise'"));
+    }
+
+    #[test]
+    fn minimal_config_gets_the_defaults() {
+        let config = Config::from_toml_str(MINIMAL).expect("valid");
+        let (k, d, w) = (&config.kafka, &config.database, &config.worker);
+        assert_eq!(k.brokers, "127.0.0.1:9092");
+        assert_eq!(k.session_timeout, 45 * SEC);
+        assert_eq!(k.max_poll_interval, 300 * SEC);
+        assert!(k.options.is_empty());
+        let url = "postgres://postgres@127.0.0.1:5432/effectively";
+        assert_eq!(d.url.expose(), url);
+        assert_eq!(d.pool_size, 16);
+        assert_eq!(d.connect_timeout, 5 * SEC);
+        assert_eq!(d.idle_in_transaction_timeout, 60 * SEC);
+        assert_eq!(w.id, None);
+        assert_eq!(w.revoke_deadline, 20 * SEC);
+        assert_eq!(w.shutdown_deadline, 30 * SEC);
+        assert_eq!(w.metrics_addr, None);
+        let c = &config.consumers[0];
+        assert_eq!(c.group_id(), "rewards");
+        assert_eq!(c.strategy, Strategy::Batch);
+        assert_eq!(c.handler, HandlerConfig::Cashback { rate_bp: 200 });
+        assert_eq!(c.auto_offset_reset, OffsetReset::Earliest);
+        assert_eq!(c.batch.max_messages, 1000);
+        assert_eq!(c.batch.max_bytes, 4_194_304);
+        assert_eq!(c.batch.linger, 5 * MS);
+        assert_eq!(c.message_id, MessageIdSource::Header("event_id".into()));
+        assert_eq!(c.event_date, EventDateSource::Auto);
+        assert_eq!(c.max_payload_bytes, 1_048_576);
+        assert_eq!(c.retry.max_attempts, 5);
+        assert_eq!(c.retry.initial_backoff, 100 * MS);
+        assert_eq!(c.retry.max_backoff, 10 * SEC);
+        assert_eq!(c.retention, 15 * DAY);
+        assert_eq!(c.future_tolerance, DAY);
+        assert_eq!(c.partitions_ahead, 3);
+        let pid = format!("-{}", std::process::id());
+        assert!(config.worker_id().ends_with(&pid));
+    }
+
+    #[test]
+    fn every_enum_spelling() {
+        let c = |extra: &str| consumer(&with(extra));
+        assert_eq!(c("strategy = \"batch\"").strategy, Strategy::Batch);
+        let per_message = c("strategy = \"per-message\"").strategy;
+        assert_eq!(per_message, Strategy::PerMessage);
+        let latest = c("auto_offset_reset = \"latest\"").auto_offset_reset;
+        assert_eq!(latest.as_librdkafka(), "latest");
+        let earliest = c("auto_offset_reset = \"earliest\"").auto_offset_reset;
+        assert_eq!(earliest.as_librdkafka(), "earliest");
+        let header = c("message_id = { header = \"id\" }").message_id;
+        assert_eq!(header, MessageIdSource::Header("id".into()));
+        let pointer = c("message_id = { json_pointer = \"/id\" }").message_id;
+        assert_eq!(pointer, MessageIdSource::JsonPointer("/id".into()));
+        let uuid7 = c("event_date = \"uuid7\"").event_date;
+        assert_eq!(uuid7, EventDateSource::Uuid7);
+        let h = |h: &str| consumer(&MINIMAL.replace("{ kind = \"cashback\" }", h)).handler;
+        let cashback = h("{ kind = \"cashback\", rate_bp = 150 }");
+        assert_eq!(cashback, HandlerConfig::Cashback { rate_bp: 150 });
+        let statement = "SELECT 1".to_string();
+        let sql = h("{ kind = \"sql\", statement = \"SELECT 1\" }");
+        assert_eq!(sql, HandlerConfig::Sql { statement });
+        let name = "my-handler".to_string();
+        assert_eq!(
+            h("{ kind = \"custom\", name = \"my-handler\" }"),
+            HandlerConfig::Custom { name }
+        );
+        assert!(is_parse_error(&with("strategy = \"Batch\"")));
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        assert!(is_parse_error(&format!("colour = \"blue\"\n{MINIMAL}")));
+        assert!(is_parse_error(
+            &MINIMAL.replace("\"cashback\"", "\"cashback\", rate = 1")
+        ));
+        let err = Config::from_toml_str(&with("topic = \"payments\"")).expect_err("a typo");
+        assert!(matches!(err, ConfigError::Parse(_)));
+        assert!(err.to_string().contains("line 5"), "{err}");
+    }
+
+    #[test]
+    fn revoke_deadline_must_be_under_the_session_timeout() {
+        let msg = invalid(&format!("[kafka]\nsession_timeout = \"20s\"\n{MINIMAL}"));
+        assert!(msg.contains("worker.revoke_deadline (20s)"), "{msg}");
+        assert!(msg.contains("kafka.session_timeout (20s)"), "{msg}");
+        assert!(msg.contains("group coordinator gives up"), "{msg}");
+    }
+
+    #[test]
+    fn duplicate_names_and_bad_fields_are_rejected() {
+        let msg = invalid(&format!("{MINIMAL}{MINIMAL}"));
+        assert!(msg.contains("\"rewards\" is defined twice"), "{msg}");
+        let msg = invalid(&with("[consumer.batch]\nmax_messages = 0"));
+        assert!(msg.contains("consumer \"rewards\": batch.max_messages must be at least 1"));
+        let msg = invalid(&with("retention = \"1day\""));
+        assert!(
+            msg.contains("consumer \"rewards\": retention (1day)"),
+            "{msg}"
+        );
+        let msg = invalid(&MINIMAL.replace("payments", "pay ments"));
+        assert!(msg.contains("not a valid Kafka topic name"), "{msg}");
+        assert!(invalid("").contains("at least one [[consumer]]"));
+    }
+
+    #[test]
+    fn env_overrides_apply() {
+        let name = format!("effectively-config-{}.toml", std::process::id());
+        let path = std::env::temp_dir().join(name);
+        std::fs::write(&path, MINIMAL).expect("write a temporary config");
+        let load = |vars: &[(&str, &str)]| {
+            let lookup = |name: &str| vars.iter().find(|v| v.0 == name).map(|v| v.1.to_string());
+            Config::load_with_env(&path, lookup)
+        };
+        let config = load(&[
+            ("KAFKA_BROKERS", "k1:9092,k2:9092"),
+            ("DATABASE_URL", "postgres://u:pw@db/x"),
+            ("EFFECTIVELY_WORKER_ID", "w7"),
+            ("EFFECTIVELY_POOL_SIZE", "4"),
+        ]);
+        let bad = load(&[("EFFECTIVELY_POOL_SIZE", "many")]);
+        let zero = load(&[("EFFECTIVELY_POOL_SIZE", "0")]);
+        let _ = std::fs::remove_file(&path);
+        let config = config.expect("valid");
+        assert_eq!(config.kafka.brokers, "k1:9092,k2:9092");
+        assert_eq!(config.database.url.expose(), "postgres://u:pw@db/x");
+        assert_eq!(config.worker_id(), "w7");
+        assert_eq!(config.database.pool_size, 4);
+        assert!(matches!(bad, Err(ConfigError::Env { name, .. }) if name.ends_with("POOL_SIZE")));
+        assert!(matches!(zero, Err(ConfigError::Invalid(_))));
+        let missing = Config::load_with_env(&path, |_| None);
+        assert!(matches!(missing, Err(ConfigError::Io { .. })));
+    }
+
+    #[test]
+    fn debug_never_shows_passwords() {
+        let text = format!(
+            "[database]\nurl = \"postgres://u:pw@h/db\"\n[kafka.options]\n\"sasl.password\" = \
+             \"hunter2\"\n\"sasl.oauthbearer.config\" = \"tok\"\n\"linger.ms\" = \"7\"\n{MINIMAL}"
+        );
+        let config = Config::from_toml_str(&text).expect("valid");
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("pw") && !debug.contains("hunter2") && !debug.contains("tok"));
+        assert!(
+            debug.contains("postgres://u:***@h/db") && debug.contains("\"7\""),
+            "{debug}"
+        );
+        assert_eq!(config.database.url.to_string(), "postgres://u:***@h/db");
+        assert_eq!(config.database.url.expose(), "postgres://u:pw@h/db");
+        let plain = "postgres://postgres@127.0.0.1:5432/effectively";
+        assert_eq!(redact(plain), plain);
+        assert_eq!(redact("postgres://u:p/w@h/db"), "postgres://u:***@h/db");
+        let query = redact("postgres://u@h/db?password=pw&x=1");
+        assert_eq!(query, "postgres://u@h/db?password=***&x=1");
+        let key_value = redact("host=h password='a b' user=u");
+        assert_eq!(key_value, "host=h password=*** user=u");
+    }
+
+    #[test]
+    fn event_date_source_spellings() {
+        for s in ["auto", "uuid7", "/occurred_at"] {
+            let parsed: EventDateSource = s.parse().expect(s);
+            assert_eq!(parsed.to_string(), s);
+        }
+        assert_eq!("auto".parse(), Ok(EventDateSource::Auto));
+        assert_eq!("uuid7".parse(), Ok(EventDateSource::Uuid7));
+        let pointer = EventDateSource::JsonPointer("/occurred_at".into());
+        assert_eq!("/occurred_at".parse(), Ok(pointer));
+        let err = Config::from_toml_str(&with("event_date = \"occurred_at\"")).expect_err("no /");
+        assert!(
+            err.to_string().contains("did you mean \"/occurred_at\"?"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,766 @@
+//! Decoding one Kafka record into what the engine needs to dedupe and apply it.
+//!
+//! Every record becomes either an [`Envelope`] or a [`Rejection`]. The dedupe key is
+//! `(consumer, message_id, event_date)`, so both parts must come from the message itself: a
+//! redelivered copy has to decode to the same key, or it would be applied twice. That is why the
+//! processing clock and the Kafka record timestamp (which a re-produce changes) never feed
+//! `event_date`.
+//!
+//! This module knows nothing about rdkafka: the caller builds a [`RawRecord`] view, which keeps
+//! decoding testable without a broker.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, Days, NaiveDate, Utc};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::config::{EventDateSource, MessageIdSource};
+
+/// The payload field [`EventDateSource::Auto`] reads first.
+const OCCURRED_AT: &str = "/occurred_at";
+
+/// How much of an offending value a detail quotes: enough to recognise it, bounded so a
+/// garbage header cannot bloat the dead-letter table or the logs.
+const QUOTE_CHARS: usize = 64;
+
+/// Declares [`Reason`] with its codes in one list, so `ALL` and `as_str` cannot drift from the
+/// variants.
+macro_rules! reasons {
+    ($($variant:ident => $code:literal,)*) => {
+        /// Why a record cannot be applied. The codes are stable: they are stored in
+        /// `dead_letters.reason` and used as metric labels, so renaming one breaks queries.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Reason { $($variant,)* }
+
+        impl Reason {
+            /// Every reason, so metrics can pre-register a zero series for each label.
+            pub const ALL: [Reason; [$($code,)*].len()] = [$(Reason::$variant,)*];
+
+            /// The stable snake_case code.
+            pub fn as_str(&self) -> &'static str {
+                match self { $(Reason::$variant => $code,)* }
+            }
+        }
+    };
+}
+
+reasons! {
+    MissingEventId => "missing_event_id",
+    InvalidEventId => "invalid_event_id",
+    EmptyPayload => "empty_payload",
+    OversizedPayload => "oversized_payload",
+    UndecodablePayload => "undecodable_payload",
+    NoEventDate => "no_event_date",
+    InvalidEventDate => "invalid_event_date",
+    OlderThanRetention => "older_than_retention",
+    FutureEventDate => "future_event_date",
+    MissingField => "missing_field",
+    HandlerRejected => "handler_rejected",
+    RetriesExhausted => "retries_exhausted",
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a record cannot be applied: a stable `reason` for machines, a `detail` sentence for the
+/// operator (the caller adds topic, partition and offset).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {detail}")]
+pub struct Rejection {
+    pub reason: Reason,
+    pub detail: String,
+    /// The message id when one was readable, so a parked record can be traced to its producer.
+    pub message_id: Option<Uuid>,
+}
+
+impl Rejection {
+    pub fn new(reason: Reason, detail: impl Into<String>) -> Self {
+        Rejection {
+            reason,
+            detail: detail.into(),
+            message_id: None,
+        }
+    }
+
+    /// Attaches the message id, for rejections raised after decoding (window, handler, retries).
+    pub fn with_message_id(mut self, id: Uuid) -> Self {
+        self.message_id = Some(id);
+        self
+    }
+}
+
+/// A borrowed view of one Kafka record, built by the caller from rdkafka's message.
+#[derive(Debug, Clone, Copy)]
+pub struct RawRecord<'a> {
+    pub partition: i32,
+    pub offset: i64,
+    /// The record's timestamp (CreateTime or LogAppendTime), in Unix milliseconds.
+    pub timestamp_ms: Option<i64>,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+    pub headers: &'a [(&'a str, Option<&'a [u8]>)],
+}
+
+/// A decoded record. Owned, because it outlives the rdkafka message it came from.
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    pub partition: i32,
+    pub offset: i64,
+    pub message_id: Uuid,
+    pub event_date: NaiveDate,
+    /// Informational only (lag, logs): it differs between redeliveries, so it never dates the
+    /// event.
+    pub kafka_ts: Option<DateTime<Utc>>,
+    pub key: Option<Bytes>,
+    pub payload: Bytes,
+    /// Some when the payload was parsed (needed for a pointer, for `Auto`, or by the handler), so
+    /// the handler never parses it a second time.
+    pub json: Option<Value>,
+    /// Key + payload + header bytes, for batch byte bounds.
+    pub size: usize,
+}
+
+/// The decoding rules of one consumer, built once from its config.
+///
+/// JSON pointers are used as given: one that does not start with `/` matches nothing, so the
+/// config loader is expected to validate them.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    message_id: IdSource,
+    event_date: DateSource,
+    max_payload_bytes: usize,
+    needs_json: bool,
+}
+
+/// Private copies of the config enums, so `Decoder` does not depend on which traits the config
+/// types derive.
+#[derive(Debug, Clone)]
+enum IdSource {
+    Header(String),
+    Pointer(String),
+}
+
+#[derive(Debug, Clone)]
+enum DateSource {
+    Auto,
+    Uuid7,
+    Pointer(String),
+}
+
+/// Where decoding stands on the message id before the payload is looked at.
+enum IdLookup<'a> {
+    Found(Uuid),
+    InPayload(&'a str),
+}
+
+impl Decoder {
+    pub fn new(
+        message_id: &MessageIdSource,
+        event_date: &EventDateSource,
+        max_payload_bytes: usize,
+        needs_json: bool,
+    ) -> Decoder {
+        Decoder {
+            message_id: match message_id {
+                MessageIdSource::Header(name) => IdSource::Header(name.clone()),
+                MessageIdSource::JsonPointer(p) => IdSource::Pointer(p.clone()),
+            },
+            event_date: match event_date {
+                EventDateSource::Auto => DateSource::Auto,
+                EventDateSource::Uuid7 => DateSource::Uuid7,
+                EventDateSource::JsonPointer(p) => DateSource::Pointer(p.clone()),
+            },
+            max_payload_bytes,
+            needs_json,
+        }
+    }
+
+    /// Decodes one record. `needs_json`: the handler reads payload fields, so the payload must
+    /// parse as a JSON object (else `undecodable_payload`) and is kept in [`Envelope::json`].
+    ///
+    /// The payload checks come first, but a header id is read before them so that even an empty
+    /// or oversized record is parked with its id. The payload is parsed at most once, and only
+    /// when something needs it.
+    pub fn decode(&self, raw: &RawRecord<'_>) -> Result<Envelope, Rejection> {
+        let lookup = match &self.message_id {
+            IdSource::Header(name) => id_from_header(raw.headers, name).map(IdLookup::Found),
+            IdSource::Pointer(p) => Ok(IdLookup::InPayload(p)),
+        };
+        let known_id = match lookup {
+            Ok(IdLookup::Found(id)) => Some(id),
+            _ => None,
+        };
+        let reject = |r: Rejection| match known_id {
+            Some(id) => r.with_message_id(id),
+            None => r,
+        };
+
+        // Tombstones are refused even when nothing reads the body: an effect without content
+        // is almost always a producer bug, and compaction semantics do not apply here.
+        let payload = match raw.payload {
+            Some(p) if !p.is_empty() => p,
+            _ => {
+                return Err(reject(Rejection::new(
+                    Reason::EmptyPayload,
+                    "record has no payload (null or zero bytes); tombstones cannot be applied",
+                )))
+            }
+        };
+        if payload.len() > self.max_payload_bytes {
+            return Err(reject(Rejection::new(
+                Reason::OversizedPayload,
+                format!(
+                    "payload of {} bytes exceeds the limit of {}",
+                    payload.len(),
+                    self.max_payload_bytes
+                ),
+            )));
+        }
+
+        let lookup = lookup?;
+        let json = if self.wants_json(payload) {
+            Some(parse_object(payload).map_err(reject)?)
+        } else {
+            None
+        };
+        let message_id = match lookup {
+            IdLookup::Found(id) => id,
+            IdLookup::InPayload(pointer) => id_from_json(json.as_ref(), pointer)?,
+        };
+
+        let event_date = self
+            .event_date(&message_id, json.as_ref())
+            .map_err(|r| r.with_message_id(message_id))?;
+
+        let header_bytes: usize = raw
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.map_or(0, <[u8]>::len))
+            .sum();
+        let key_len = raw.key.map_or(0, <[u8]>::len);
+
+        Ok(Envelope {
+            partition: raw.partition,
+            offset: raw.offset,
+            message_id,
+            event_date,
+            kafka_ts: raw
+                .timestamp_ms
+                .filter(|ms| *ms >= 0)
+                .and_then(DateTime::from_timestamp_millis),
+            key: raw.key.map(Bytes::copy_from_slice),
+            payload: Bytes::copy_from_slice(payload),
+            json,
+            size: key_len + payload.len() + header_bytes,
+        })
+    }
+
+    /// Whether this record's payload must be parsed. `Auto` parses only what looks like a JSON
+    /// object, so opaque payloads (Avro, protobuf, text) with UUIDv7 ids still decode. A body
+    /// that looks like JSON but does not parse is rejected rather than dated by its id: its
+    /// `occurred_at` may be in there, and silently switching date source would hide the bug.
+    fn wants_json(&self, payload: &[u8]) -> bool {
+        self.needs_json
+            || matches!(self.message_id, IdSource::Pointer(_))
+            || match self.event_date {
+                DateSource::Pointer(_) => true,
+                DateSource::Uuid7 => false,
+                DateSource::Auto => looks_like_json_object(payload),
+            }
+    }
+
+    fn event_date(&self, id: &Uuid, json: Option<&Value>) -> Result<NaiveDate, Rejection> {
+        match &self.event_date {
+            DateSource::Uuid7 => uuid7_date(id).ok_or_else(|| {
+                Rejection::new(
+                    Reason::NoEventDate,
+                    format!(
+                        "event_date comes from the UUIDv7 message id, but {id} is a version {} \
+                         UUID; the producer must send UUIDv7 ids or the consumer must date \
+                         events from a payload field",
+                        id.get_version_num()
+                    ),
+                )
+            }),
+            DateSource::Pointer(p) => match json.and_then(|j| j.pointer(p)) {
+                None | Some(Value::Null) => Err(Rejection::new(
+                    Reason::NoEventDate,
+                    format!("payload has no event date at JSON pointer {p}"),
+                )),
+                Some(v) => date_from_value(v, p, true),
+            },
+            // A null occurred_at is treated as absent, like a missing field.
+            DateSource::Auto => match json.and_then(|j| j.pointer(OCCURRED_AT)) {
+                Some(v) if !v.is_null() => date_from_value(v, OCCURRED_AT, false),
+                _ => uuid7_date(id).ok_or_else(|| {
+                    Rejection::new(
+                        Reason::NoEventDate,
+                        format!(
+                            "payload has no {OCCURRED_AT} and message id {id} is a version {} \
+                             UUID, which carries no timestamp; send an RFC 3339 occurred_at or \
+                             UUIDv7 ids",
+                            id.get_version_num()
+                        ),
+                    )
+                }),
+            },
+        }
+    }
+}
+
+/// The UTC date inside a UUIDv7 (its 48-bit millisecond timestamp); None for other versions,
+/// whose bits are random or use another epoch and so cannot date an event.
+pub fn uuid7_date(id: &Uuid) -> Option<NaiveDate> {
+    if id.get_version_num() != 7 || id.get_variant() != uuid::Variant::RFC4122 {
+        return None;
+    }
+    let b = id.as_bytes();
+    let ms = b[..6]
+        .iter()
+        .fold(0i64, |acc, &x| (acc << 8) | i64::from(x));
+    DateTime::from_timestamp_millis(ms).map(|t| t.date_naive())
+}
+
+/// The retention guard, separate from decode so the caller passes "today" (tests simulate dates).
+///
+/// A message older than `retention` may have had its dedupe key dropped with its partition, so
+/// applying it could apply it twice: `older_than_retention`. A message dated more than
+/// `future_tolerance` ahead would land in a partition that may not exist yet and points at a
+/// producer clock bug: `future_event_date`. Accepted: `today - retention_days <= event_date <=
+/// today + future_days`, with retention rounded down to whole days (at least 1) and the tolerance
+/// rounded up.
+pub fn check_window(
+    event_date: NaiveDate,
+    today: NaiveDate,
+    retention: Duration,
+    future_tolerance: Duration,
+) -> Result<(), Rejection> {
+    const DAY: u64 = 86_400;
+    let retention_days = (retention.as_secs() / DAY).max(1);
+    let tolerance_secs = future_tolerance
+        .as_secs()
+        .saturating_add(u64::from(future_tolerance.subsec_nanos() > 0));
+    let future_days = tolerance_secs.div_ceil(DAY);
+
+    // Bounds outside chrono's calendar mean "no bound on that side".
+    if let Some(oldest) = today.checked_sub_days(Days::new(retention_days)) {
+        if event_date < oldest {
+            let age = (today - event_date).num_days();
+            return Err(Rejection::new(
+                Reason::OlderThanRetention,
+                format!(
+                    "event_date {event_date} is {age} days before today ({today}), beyond the \
+                     {retention_days}-day dedupe retention; its dedupe key may already be dropped, \
+                     so it cannot be applied exactly once"
+                ),
+            ));
+        }
+    }
+    if let Some(latest) = today.checked_add_days(Days::new(future_days)) {
+        if event_date > latest {
+            let ahead = (event_date - today).num_days();
+            return Err(Rejection::new(
+                Reason::FutureEventDate,
+                format!(
+                    "event_date {event_date} is {ahead} days after today ({today}), beyond the \
+                     future tolerance of {future_days} days; check the producer's clock"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reads the id from the last header named `name` (Kafka allows repeats; the last one is the
+/// most recently added, e.g. by a forwarding proxy).
+fn id_from_header(headers: &[(&str, Option<&[u8]>)], name: &str) -> Result<Uuid, Rejection> {
+    let value = headers
+        .iter()
+        .rev()
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| *v)
+        .ok_or_else(|| {
+            Rejection::new(
+                Reason::MissingEventId,
+                format!(
+                    "record has no header {name:?} (or it is null) to read the message id from"
+                ),
+            )
+        })?;
+    let text = std::str::from_utf8(value).map_err(|_| {
+        Rejection::new(
+            Reason::InvalidEventId,
+            format!(
+                "header {name:?} is not UTF-8 text (starts with {:?}); expected a UUID",
+                quote(&String::from_utf8_lossy(value))
+            ),
+        )
+    })?;
+    parse_id(text).map_err(|why| {
+        Rejection::new(
+            Reason::InvalidEventId,
+            format!("header {name:?} holds {:?}: {why}", quote(text)),
+        )
+    })
+}
+
+/// Reads the id from a JSON string at `pointer`. `null` counts as missing, as producers often
+/// serialize an absent optional field that way.
+fn id_from_json(json: Option<&Value>, pointer: &str) -> Result<Uuid, Rejection> {
+    match json.and_then(|j| j.pointer(pointer)) {
+        None | Some(Value::Null) => Err(Rejection::new(
+            Reason::MissingEventId,
+            format!("payload has no message id at JSON pointer {pointer}"),
+        )),
+        Some(Value::String(s)) => parse_id(s).map_err(|why| {
+            Rejection::new(
+                Reason::InvalidEventId,
+                format!("payload {pointer} holds {:?}: {why}", quote(s)),
+            )
+        }),
+        Some(other) => Err(Rejection::new(
+            Reason::InvalidEventId,
+            format!(
+                "payload {pointer} is a JSON {}, expected a string holding a UUID",
+                json_type(other)
+            ),
+        )),
+    }
+}
+
+/// Accepts only the hyphenated and simple forms (36 or 32 characters), so producers converge on
+/// one spelling; the nil UUID is refused because every buggy producer would share it as a key.
+fn parse_id(text: &str) -> Result<Uuid, &'static str> {
+    let text = text.trim_ascii();
+    match Uuid::try_parse(text) {
+        Ok(id) if id.is_nil() => Err("the nil UUID cannot identify an event"),
+        Ok(id) if text.len() == 36 || text.len() == 32 => Ok(id),
+        _ => Err("expected a UUID in hyphenated or simple (32 hex digits) form"),
+    }
+}
+
+/// Parses the payload into a JSON object, the only shape fields can be read from.
+fn parse_object(payload: &[u8]) -> Result<Value, Rejection> {
+    match serde_json::from_slice::<Value>(payload) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(other) => Err(Rejection::new(
+            Reason::UndecodablePayload,
+            format!(
+                "payload is a JSON {}, but this consumer reads fields and needs a JSON object",
+                json_type(&other)
+            ),
+        )),
+        Err(e) => Err(Rejection::new(
+            Reason::UndecodablePayload,
+            format!("payload is not valid JSON: {e}"),
+        )),
+    }
+}
+
+/// Dates an event from a JSON value: an RFC 3339 timestamp converted to UTC, or (when
+/// `allow_date`) a plain `YYYY-MM-DD` date, taken as is.
+fn date_from_value(v: &Value, pointer: &str, allow_date: bool) -> Result<NaiveDate, Rejection> {
+    let expected = if allow_date {
+        "an RFC 3339 timestamp (2024-05-01T12:00:00Z) or a YYYY-MM-DD date"
+    } else {
+        "an RFC 3339 timestamp (2024-05-01T12:00:00Z)"
+    };
+    let Value::String(s) = v else {
+        return Err(Rejection::new(
+            Reason::InvalidEventDate,
+            format!(
+                "payload {pointer} is a JSON {}, expected {expected}",
+                json_type(v)
+            ),
+        ));
+    };
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&Utc).date_naive());
+    }
+    if allow_date && s.len() == 10 {
+        if let Ok(d) = NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+            return Ok(d);
+        }
+    }
+    Err(Rejection::new(
+        Reason::InvalidEventDate,
+        format!(
+            "payload {pointer} holds {:?}, expected {expected}",
+            quote(s)
+        ),
+    ))
+}
+
+/// Whether the first non-whitespace byte opens a JSON object.
+fn looks_like_json_object(payload: &[u8]) -> bool {
+    payload
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        == Some(&b'{')
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// At most [`QUOTE_CHARS`] characters of `s`, marked when cut.
+fn quote(s: &str) -> String {
+    match s.char_indices().nth(QUOTE_CHARS) {
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+        None => s.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use EventDateSource as D;
+    use Reason as R;
+
+    const DAY: u64 = 86_400;
+    /// 2023-11-14T22:13:20Z.
+    const SECS: u64 = 1_700_000_000;
+
+    fn v7() -> Uuid {
+        Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, SECS, 0))
+    }
+
+    fn date(s: &str) -> NaiveDate {
+        NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap()
+    }
+
+    fn by_header(date_src: D, needs_json: bool) -> Decoder {
+        let id = MessageIdSource::Header("event_id".into());
+        Decoder::new(&id, &date_src, 1024, needs_json)
+    }
+
+    fn by_pointer() -> Decoder {
+        Decoder::new(
+            &MessageIdSource::JsonPointer("/id".into()),
+            &D::Auto,
+            1024,
+            false,
+        )
+    }
+
+    fn raw<'a>(
+        headers: &'a [(&'a str, Option<&'a [u8]>)],
+        body: Option<&'a [u8]>,
+    ) -> RawRecord<'a> {
+        let (partition, offset, timestamp_ms) = (3, 42, Some(1_700_000_000_000));
+        let key = Some(&b"k1"[..]);
+        RawRecord {
+            partition,
+            offset,
+            timestamp_ms,
+            key,
+            payload: body,
+            headers,
+        }
+    }
+
+    /// Decodes `body` with an `event_id` header holding `id` (no header when None).
+    fn decode(d: &Decoder, id: Option<&str>, body: &[u8]) -> Result<Envelope, Rejection> {
+        let headers = id.map(|id| [("event_id", Some(id.as_bytes()))]);
+        d.decode(&raw(headers.as_ref().map_or(&[], |h| &h[..]), Some(body)))
+    }
+
+    fn why(d: &Decoder, id: Option<&str>, body: &[u8]) -> Reason {
+        decode(d, id, body).unwrap_err().reason
+    }
+
+    #[test]
+    fn header_id_ok() {
+        let (id, other) = (v7(), Uuid::new_v4().to_string());
+        let text = format!("  {}\n", id.simple());
+        let headers = [
+            ("event_id", Some(other.as_bytes())),
+            ("trace", Some(&b"x"[..])),
+            ("event_id", Some(text.as_bytes())),
+        ];
+        let d = by_header(D::Uuid7, false);
+        let env = d.decode(&raw(&headers, Some(b"opaque"))).unwrap();
+        assert_eq!(env.message_id, id, "last header wins, whitespace trimmed");
+        assert_eq!(env.event_date, date("2023-11-14"));
+        assert_eq!(env.kafka_ts.unwrap().timestamp_millis(), 1_700_000_000_000);
+        assert!(env.json.is_none(), "nothing needed the body");
+        assert_eq!(env.size, 2 + 6 + (8 + 36) + (5 + 1) + (8 + text.len()));
+        assert_eq!(
+            (env.partition, env.offset, &env.payload[..]),
+            (3, 42, &b"opaque"[..])
+        );
+        let mut negative = raw(&headers, Some(b"x"));
+        negative.timestamp_ms = Some(-1);
+        assert_eq!(d.decode(&negative).unwrap().kafka_ts, None);
+    }
+
+    #[test]
+    fn header_missing_or_invalid() {
+        let d = by_header(D::Auto, false);
+        assert_eq!(why(&d, None, b"x"), R::MissingEventId);
+        let null = [("event_id", None)];
+        assert_eq!(
+            d.decode(&raw(&null, Some(b"x"))).unwrap_err().reason,
+            R::MissingEventId
+        );
+        let r = decode(&d, Some(&"z".repeat(200)), b"x").unwrap_err();
+        assert_eq!((r.reason, r.message_id), (R::InvalidEventId, None));
+        assert!(r.detail.contains("event_id") && r.detail.contains(&"z".repeat(64)));
+        assert!(!r.detail.contains(&"z".repeat(65)), "{}", r.detail);
+        assert_eq!(
+            why(&d, Some(&Uuid::nil().to_string()), b"x"),
+            R::InvalidEventId
+        );
+        assert_eq!(
+            why(&d, Some(&v7().urn().to_string()), b"x"),
+            R::InvalidEventId
+        );
+    }
+
+    #[test]
+    fn pointer_id() {
+        let (d, id) = (by_pointer(), v7());
+        let env = decode(&d, None, format!(r#"{{"id":"{id}"}}"#).as_bytes()).unwrap();
+        assert_eq!(env.message_id, id);
+        assert!(env.json.is_some());
+        assert_eq!(why(&d, None, br#"{"x":1}"#), R::MissingEventId);
+        assert_eq!(why(&d, None, br#"{"id":17}"#), R::InvalidEventId);
+        assert_eq!(why(&d, None, br#"{"id":"x"}"#), R::InvalidEventId);
+        assert_eq!(why(&d, None, b"[1]"), R::UndecodablePayload);
+    }
+
+    #[test]
+    fn undecodable_json() {
+        let r = decode(&by_pointer(), None, b"{\"id\": ").unwrap_err();
+        assert_eq!(r.reason, R::UndecodablePayload);
+        assert!(
+            r.detail.starts_with("payload is not valid JSON"),
+            "{}",
+            r.detail
+        );
+        let id = v7().to_string();
+        assert_eq!(
+            why(&by_header(D::Uuid7, true), Some(&id), b"text"),
+            R::UndecodablePayload
+        );
+        let auto = by_header(D::Auto, false);
+        assert_eq!(why(&auto, Some(&id), b" {broken"), R::UndecodablePayload);
+    }
+
+    #[test]
+    fn oversized_and_empty() {
+        let (d, id) = (by_header(D::Uuid7, false), v7());
+        let (text, big) = (id.to_string(), vec![b'a'; 1025]);
+        let r = decode(&d, Some(&text), &big).unwrap_err();
+        assert_eq!((r.reason, r.message_id), (R::OversizedPayload, Some(id)));
+        assert_eq!(r.detail, "payload of 1025 bytes exceeds the limit of 1024");
+        assert!(decode(&d, Some(&text), &big[..1024]).is_ok());
+        assert_eq!(why(&d, Some(&text), b""), R::EmptyPayload);
+        let headers = [("event_id", Some(text.as_bytes()))];
+        assert_eq!(
+            d.decode(&raw(&headers, None)).unwrap_err().reason,
+            R::EmptyPayload
+        );
+    }
+
+    #[test]
+    fn auto_date_sources() {
+        let (d, id) = (by_header(D::Auto, false), v7().to_string());
+        let body = br#" {"occurred_at":"2024-03-01T23:30:00-02:00"}"#;
+        let env = decode(&d, Some(&id), body).unwrap();
+        assert_eq!(
+            env.event_date,
+            date("2024-03-02"),
+            "occurred_at wins, in UTC"
+        );
+        for body in [&br#"{"a":1}"#[..], b"\x00bin", br#"{"occurred_at":null}"#] {
+            let env = decode(&d, Some(&id), body).unwrap();
+            assert_eq!(
+                env.event_date,
+                date("2023-11-14"),
+                "falls back to the UUIDv7"
+            );
+        }
+        let v4 = Uuid::new_v4();
+        let r = decode(&d, Some(&v4.to_string()), br#"{"a":1}"#).unwrap_err();
+        assert_eq!((r.reason, r.message_id), (R::NoEventDate, Some(v4)));
+        let (strict, dated) = (
+            by_header(D::Uuid7, false),
+            br#"{"occurred_at":"2024-03-01T00:00:00Z"}"#,
+        );
+        assert_eq!(why(&strict, Some(&v4.to_string()), dated), R::NoEventDate);
+        for bad in [
+            &br#"{"occurred_at":"yesterday"}"#[..],
+            br#"{"occurred_at":17}"#,
+        ] {
+            assert_eq!(why(&d, Some(&id), bad), R::InvalidEventDate);
+        }
+    }
+
+    #[test]
+    fn pointer_date_accepts_plain_date() {
+        let d = by_header(D::JsonPointer("/meta/day".into()), false);
+        let id = Uuid::new_v4().to_string();
+        let env = decode(&d, Some(&id), br#"{"meta":{"day":"2024-02-29"}}"#).unwrap();
+        assert_eq!(env.event_date, date("2024-02-29"));
+        let bad = br#"{"meta":{"day":"2024-02-30"}}"#;
+        assert_eq!(why(&d, Some(&id), bad), R::InvalidEventDate);
+        assert_eq!(why(&d, Some(&id), b"{}"), R::NoEventDate);
+    }
+
+    #[test]
+    fn check_window_boundaries() {
+        let today = date("2024-06-30");
+        let check = |day, ret, tol| check_window(date(day), today, ret, tol).map_err(|r| r.reason);
+        let ret = Duration::from_secs(30 * DAY + 3600); // rounds down to 30 days
+        let tol = Duration::from_secs(3600); // rounds up to 1 day
+        assert_eq!(check("2024-05-31", ret, tol), Ok(()));
+        assert_eq!(check("2024-05-30", ret, tol), Err(R::OlderThanRetention));
+        assert_eq!(check("2024-07-01", ret, tol), Ok(()));
+        assert_eq!(check("2024-07-02", ret, tol), Err(R::FutureEventDate));
+        // Zero tolerance allows today at most; a sub-day retention still keeps yesterday.
+        let zero = Duration::ZERO;
+        assert_eq!(check("2024-06-30", zero, zero), Ok(()));
+        assert_eq!(check("2024-06-29", zero, zero), Ok(()));
+        assert_eq!(check("2024-06-28", zero, zero), Err(R::OlderThanRetention));
+        assert_eq!(check("2024-07-01", zero, zero), Err(R::FutureEventDate));
+    }
+
+    #[test]
+    fn redelivery_gives_same_key() {
+        let (d, id) = (by_header(D::Auto, false), v7().to_string());
+        let headers = [("event_id", Some(id.as_bytes()))];
+        for body in [&br#"{"occurred_at":"2024-01-01T10:00:00Z"}"#[..], b"opaque"] {
+            let first = d.decode(&raw(&headers, Some(body))).unwrap();
+            let mut again = raw(&headers, Some(body));
+            (again.offset, again.timestamp_ms) = (9_000, Some(1_900_000_000_000));
+            let second = d.decode(&again).unwrap();
+            let key = |e: &Envelope| (e.message_id, e.event_date);
+            assert_eq!(key(&first), key(&second));
+            assert_ne!(first.kafka_ts, second.kafka_ts);
+        }
+    }
+
+    #[test]
+    fn reasons_are_stable_and_distinct() {
+        let codes: std::collections::HashSet<_> = R::ALL.iter().map(R::as_str).collect();
+        assert_eq!(codes.len(), 12);
+        assert_eq!(R::RetriesExhausted.as_str(), "retries_exhausted");
+        let r = Rejection::new(R::MissingField, "no amount");
+        assert_eq!(r.to_string(), "missing_field: no amount");
+        assert_eq!(uuid7_date(&Uuid::new_v4()), None);
+    }
+}

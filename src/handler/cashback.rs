@@ -1,0 +1,224 @@
+//! The seed's walk-through: Rewards credits 2% cashback on every `PaymentSucceeded`.
+//!
+//! ```json
+//! {"event_id": "…uuid…", "payment_id": "pay_42", "user_id": "u_17",
+//!  "amount_paise": 120000, "occurred_at": "2026-12-02T10:00:00Z", "rate_bp": 200}
+//! ```
+//!
+//! One transaction (the engine's) holds, for the fresh messages: one `cashback_credits` row per
+//! payment under `UNIQUE (payment_id)` (the business key: a double tap with a new event id
+//! credits nothing), the wallet credit, and a `CashbackCredited` row in the outbox. The rate is
+//! the event's `rate_bp` if it carries one, else the configured rate: never something read at
+//! apply time, so a retry decides exactly as the first attempt did. Cashback is rounded down to
+//! whole paise.
+
+use async_trait::async_trait;
+use deadpool_postgres::Transaction;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{Applied, BatchContext, Handler, HandlerError};
+use crate::envelope::{Envelope, Reason, Rejection};
+
+/// Namespace of the outbox ids: `CashbackCredited`'s id is derived from the payment event's id,
+/// so a retried batch writes the very same outbox row.
+const OUTBOX_NAMESPACE: Uuid = Uuid::from_u128(0x6566_6665_6374_6976_656c_7963_6173_6862);
+
+// Rows arrive sorted by payment id, and wallets are credited in user id order: two partitions'
+// transactions lock shared rows in the same order and cannot deadlock.
+const APPLY: &str = "\
+WITH input AS (
+    SELECT * FROM unnest($2::text[], $3::uuid[], $4::text[], $5::int8[], $6::int4[], $7::int8[],
+                         $8::timestamptz[], $9::timestamptz[], $10::uuid[])
+        AS t(payment_id, event_id, user_id, amount_paise, rate_bp, cashback_paise,
+             occurred_at, kafka_ts, outbox_id)
+), credited AS (
+    INSERT INTO cashback_credits (payment_id, event_id, consumer, user_id, amount_paise, rate_bp,
+                                  cashback_paise, occurred_at, kafka_ts)
+    SELECT payment_id, event_id, $1, user_id, amount_paise, rate_bp, cashback_paise, occurred_at,
+           kafka_ts
+    FROM input ORDER BY payment_id
+    ON CONFLICT (payment_id) DO NOTHING
+    RETURNING payment_id, event_id, user_id, cashback_paise
+), wallet AS (
+    INSERT INTO wallets AS w (user_id, balance_paise)
+    SELECT user_id, sum(cashback_paise)::bigint FROM credited GROUP BY user_id ORDER BY user_id
+    ON CONFLICT (user_id) DO UPDATE
+    SET balance_paise = w.balance_paise + EXCLUDED.balance_paise, updated_at = now()
+), outbox AS (
+    INSERT INTO outbox (id, aggregate_id, event_type, payload)
+    SELECT i.outbox_id, c.user_id, 'CashbackCredited',
+           jsonb_build_object('event_id', i.outbox_id, 'cause_event_id', c.event_id,
+                              'payment_id', c.payment_id, 'user_id', c.user_id,
+                              'cashback_paise', c.cashback_paise)
+    FROM credited c JOIN input i ON i.event_id = c.event_id
+    ORDER BY i.outbox_id
+    ON CONFLICT (id) DO NOTHING
+)
+SELECT count(*) FROM credited";
+
+/// The built-in cashback handler.
+#[derive(Debug, Clone)]
+pub struct Cashback {
+    rate_bp: u32,
+}
+
+/// The fields of one payment, read from the event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Payment<'a> {
+    pub payment_id: &'a str,
+    pub user_id: &'a str,
+    pub amount_paise: i64,
+    pub rate_bp: i32,
+    pub occurred_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl Cashback {
+    pub fn new(rate_bp: u32) -> Self {
+        Self { rate_bp }
+    }
+
+    /// Reads the payment from the event, or says which field is missing or wrong.
+    pub fn payment<'a>(&self, msg: &'a Envelope) -> Result<Payment<'a>, Rejection> {
+        let doc = msg.json.as_ref().ok_or_else(|| {
+            Rejection::new(
+                Reason::UndecodablePayload,
+                "the payload is not a JSON object",
+            )
+        })?;
+        let text = |name: &str| -> Result<&'a str, Rejection> {
+            match doc.get(name) {
+                Some(Value::String(s)) if !s.is_empty() => Ok(s.as_str()),
+                Some(_) => Err(field(name, "must be a non-empty string")),
+                None => Err(field(name, "is missing")),
+            }
+        };
+        let payment_id = text("payment_id")?;
+        let user_id = text("user_id")?;
+        let amount_paise = match doc.get("amount_paise") {
+            Some(v) => v
+                .as_i64()
+                .filter(|a| *a >= 0)
+                .ok_or_else(|| field("amount_paise", "must be a non-negative integer"))?,
+            None => return Err(field("amount_paise", "is missing")),
+        };
+        let rate_bp = match doc.get("rate_bp") {
+            None | Some(Value::Null) => self.rate_bp as i64,
+            Some(v) => v
+                .as_i64()
+                .filter(|r| (0..=10_000).contains(r))
+                .ok_or_else(|| field("rate_bp", "must be an integer from 0 to 10000"))?,
+        };
+        let occurred_at = match doc.get("occurred_at") {
+            Some(Value::String(s)) => chrono::DateTime::parse_from_rfc3339(s)
+                .map_err(|e| field("occurred_at", &format!("is not an RFC 3339 time ({e})")))?
+                .with_timezone(&chrono::Utc),
+            Some(_) => return Err(field("occurred_at", "must be an RFC 3339 string")),
+            None => return Err(field("occurred_at", "is missing")),
+        };
+        Ok(Payment {
+            payment_id,
+            user_id,
+            amount_paise,
+            rate_bp: rate_bp as i32,
+            occurred_at,
+        })
+    }
+}
+
+fn field(name: &str, problem: &str) -> Rejection {
+    Rejection::new(
+        Reason::MissingField,
+        format!("PaymentSucceeded field {name:?} {problem}"),
+    )
+}
+
+/// Cashback in paise, rounded down: `amount × rate_bp / 10,000`.
+pub fn cashback_paise(amount_paise: i64, rate_bp: i32) -> i64 {
+    (amount_paise as i128 * rate_bp as i128 / 10_000) as i64
+}
+
+/// The outbox row's id for the payment event `event_id`.
+pub fn outbox_id(event_id: &Uuid) -> Uuid {
+    Uuid::new_v5(&OUTBOX_NAMESPACE, event_id.as_bytes())
+}
+
+#[async_trait]
+impl Handler for Cashback {
+    fn check(&self, msg: &Envelope) -> Result<(), Rejection> {
+        self.payment(msg).map(|_| ())
+    }
+
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        ctx: &BatchContext<'_>,
+        fresh: &[&Envelope],
+    ) -> Result<Applied, HandlerError> {
+        let mut rows = Vec::with_capacity(fresh.len());
+        for (i, msg) in fresh.iter().enumerate() {
+            match self.payment(msg) {
+                Ok(p) => rows.push((p, *msg)),
+                // `check` ran before; this only fires if a message changed in between.
+                Err(r) => return Err(HandlerError::Reject(vec![(i, r.to_string())])),
+            }
+        }
+        rows.sort_by(|a, b| a.0.payment_id.cmp(b.0.payment_id));
+        let payment_ids: Vec<&str> = rows.iter().map(|(p, _)| p.payment_id).collect();
+        let event_ids: Vec<Uuid> = rows.iter().map(|(_, m)| m.message_id).collect();
+        let user_ids: Vec<&str> = rows.iter().map(|(p, _)| p.user_id).collect();
+        let amounts: Vec<i64> = rows.iter().map(|(p, _)| p.amount_paise).collect();
+        let rates: Vec<i32> = rows.iter().map(|(p, _)| p.rate_bp).collect();
+        let cashback: Vec<i64> = rows
+            .iter()
+            .map(|(p, _)| cashback_paise(p.amount_paise, p.rate_bp))
+            .collect();
+        let occurred: Vec<chrono::DateTime<chrono::Utc>> =
+            rows.iter().map(|(p, _)| p.occurred_at).collect();
+        let kafka_ts: Vec<Option<chrono::DateTime<chrono::Utc>>> =
+            rows.iter().map(|(_, m)| m.kafka_ts).collect();
+        let outbox_ids: Vec<Uuid> = rows.iter().map(|(_, m)| outbox_id(&m.message_id)).collect();
+        let stmt = tx.prepare_cached(APPLY).await?;
+        let row = tx
+            .query_one(
+                &stmt,
+                &[
+                    &ctx.consumer,
+                    &payment_ids,
+                    &event_ids,
+                    &user_ids,
+                    &amounts,
+                    &rates,
+                    &cashback,
+                    &occurred,
+                    &kafka_ts,
+                    &outbox_ids,
+                ],
+            )
+            .await?;
+        let credited = row.get::<_, i64>(0) as u64;
+        Ok(Applied {
+            effects: credited,
+            business_duplicates: fresh.len() as u64 - credited,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_percent_of_1200_rupees_is_24_rupees() {
+        assert_eq!(cashback_paise(120_000, 200), 2_400);
+        assert_eq!(cashback_paise(149, 200), 2, "rounded down");
+        assert_eq!(cashback_paise(0, 200), 0);
+    }
+
+    #[test]
+    fn outbox_id_is_stable_per_event() {
+        let e = Uuid::new_v4();
+        assert_eq!(outbox_id(&e), outbox_id(&e));
+        assert_ne!(outbox_id(&e), outbox_id(&Uuid::new_v4()));
+    }
+}

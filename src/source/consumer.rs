@@ -1,0 +1,484 @@
+//! Group membership and rebalances for one configured consumer.
+//!
+//! - The main consumer queue is polled on a dedicated thread, because librdkafka runs the
+//!   rebalance callback inside that poll and our callback *blocks*: on assignment it waits for
+//!   PostgreSQL to hand out the partitions' epochs and stored offsets, on revocation it waits
+//!   for the partitions' in-flight batches. Blocking a tokio worker instead could starve the
+//!   very tasks it waits for.
+//! - On assignment the callback assigns with the offsets read from PostgreSQL (never Kafka's
+//!   committed ones), then the coordinator splits each partition's queue, seeks it to the same
+//!   offset (anything fetched before the split is discarded by librdkafka's seek barrier and
+//!   fetched again through the partition's own queue) and starts one task per partition.
+//! - On revocation the callback waits, up to `worker.revoke_deadline` (checked at start-up to
+//!   be below the session timeout), for the revoked partitions' tasks to finish or abandon
+//!   their batch; a task still running then is aborted, and the epoch fence makes anything it
+//!   might still try roll back.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{
+    BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer,
+};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::partition::{Exit, PartitionTask};
+use crate::config::{Config, ConsumerConfig, OffsetReset};
+use crate::envelope::Decoder;
+use crate::handler::Handler;
+use crate::stats::Stats;
+use crate::store::offsets::{self, Claim};
+use crate::store::partitions::Known;
+use crate::strategy::{PartitionCtx, Strategy};
+
+type TopicPartition = (String, i32);
+
+/// What the rebalance callback asks of the coordinator. The callback blocks on `reply`/`done`
+/// until the coordinator answers or drops it.
+enum Event {
+    /// Claim these partitions in PostgreSQL and say where each resumes.
+    Claim {
+        partitions: Vec<TopicPartition>,
+        reply: SyncSender<Vec<(TopicPartition, Claim)>>,
+    },
+    /// They are assigned: split their queues and start their tasks.
+    Start {
+        claims: Vec<(TopicPartition, Claim)>,
+        done: SyncSender<()>,
+    },
+    /// Stop these partitions' tasks; drop `done` when they have.
+    Revoke {
+        partitions: Vec<TopicPartition>,
+        done: SyncSender<()>,
+    },
+}
+
+/// The librdkafka context: it routes rebalances to the coordinator.
+pub struct RebalanceContext {
+    name: String,
+    events: mpsc::UnboundedSender<Event>,
+    revoke_deadline: Duration,
+    reset: OffsetReset,
+}
+
+impl ClientContext for RebalanceContext {}
+
+impl ConsumerContext for RebalanceContext {
+    fn rebalance(
+        &self,
+        base: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.assign(base, tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(base, tpl),
+            other => {
+                tracing::error!(consumer = %self.name, error = ?other, "rebalance error; dropping the assignment");
+                let _ = base.unassign();
+            }
+        }
+    }
+}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_string(), e.partition()))
+        .collect()
+}
+
+impl RebalanceContext {
+    fn assign(&self, base: &BaseConsumer<Self>, tpl: &mut TopicPartitionList) {
+        let partitions = partitions_of(tpl);
+        let cooperative = matches!(base.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let mut claims = Vec::new();
+        if !partitions.is_empty() {
+            let (reply, answer) = sync_channel(1);
+            if self
+                .events
+                .send(Event::Claim {
+                    partitions: partitions.clone(),
+                    reply,
+                })
+                .is_ok()
+            {
+                claims = answer.recv().unwrap_or_default();
+            }
+            if claims.len() != partitions.len() {
+                // Stopping: take nothing. The group gives the partitions to someone else.
+                tracing::warn!(consumer = %self.name, "could not claim the assigned partitions; not consuming them");
+                let _ = if cooperative { Ok(()) } else { base.unassign() };
+                return;
+            }
+            for ((topic, partition), claim) in &claims {
+                let offset = match claim.next_offset {
+                    Some(o) => Offset::Offset(o),
+                    None => match self.reset {
+                        OffsetReset::Earliest => Offset::Beginning,
+                        OffsetReset::Latest => Offset::End,
+                    },
+                };
+                let _ = tpl.set_partition_offset(topic, *partition, offset);
+            }
+        }
+        let result = if cooperative {
+            base.incremental_assign(tpl)
+        } else {
+            base.assign(tpl)
+        };
+        if let Err(e) = result {
+            tracing::error!(consumer = %self.name, error = %e, "assign failed");
+            return;
+        }
+        tracing::info!(consumer = %self.name, partitions = ?partitions, "partitions assigned");
+        if claims.is_empty() {
+            return;
+        }
+        let (done, wait) = sync_channel(0);
+        if self.events.send(Event::Start { claims, done }).is_ok() {
+            // Returns when the coordinator drops `done`: every queue split and seeked.
+            while wait.recv().is_ok() {}
+        }
+    }
+
+    fn revoke(&self, base: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        let partitions = partitions_of(tpl);
+        tracing::info!(consumer = %self.name, partitions = ?partitions, "partitions revoked");
+        let (done, wait) = sync_channel(0);
+        if self.events.send(Event::Revoke { partitions, done }).is_ok() {
+            let deadline = Instant::now() + self.revoke_deadline + Duration::from_secs(1);
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match wait.recv_timeout(left) {
+                    Ok(()) => continue,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => {
+                        tracing::error!(consumer = %self.name, "revocation did not drain in time");
+                        break;
+                    }
+                }
+            }
+        }
+        let result = if matches!(base.rebalance_protocol(), RebalanceProtocol::Cooperative) {
+            base.incremental_unassign(tpl)
+        } else {
+            base.unassign()
+        };
+        if let Err(e) = result {
+            tracing::error!(consumer = %self.name, error = %e, "unassign failed");
+        }
+    }
+}
+
+/// One configured consumer, wired: what its partition tasks share.
+pub struct Source {
+    pub config: Arc<ConsumerConfig>,
+    pub kafka: crate::config::KafkaConfig,
+    pub worker_id: String,
+    pub revoke_deadline: Duration,
+    pub pool: deadpool_postgres::Pool,
+    pub handler: Arc<dyn Handler>,
+    pub strategy: Arc<dyn Strategy>,
+    pub partitions: Arc<Known>,
+    pub stats: Arc<Stats>,
+}
+
+/// Errors that stop a consumer.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("consumer {consumer:?}: {reason}")]
+    Fatal { consumer: String, reason: String },
+}
+
+struct Running {
+    cancel: CancellationToken,
+    handle: JoinHandle<Exit>,
+}
+
+impl Source {
+    fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.kafka.brokers)
+            .set("group.id", self.config.group_id())
+            .set("client.id", format!("effectively-{}", self.worker_id))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set(
+                "auto.offset.reset",
+                self.config.auto_offset_reset.as_librdkafka(),
+            )
+            .set(
+                "session.timeout.ms",
+                self.kafka.session_timeout.as_millis().to_string(),
+            )
+            .set(
+                "max.poll.interval.ms",
+                self.kafka.max_poll_interval.as_millis().to_string(),
+            );
+        for (k, v) in &self.kafka.options {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// Consumes until `shutdown` is cancelled, or a partition hits a fatal error.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), SourceError> {
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let context = RebalanceContext {
+            name: self.config.name.clone(),
+            events: events_tx,
+            revoke_deadline: self.revoke_deadline,
+            reset: self.config.auto_offset_reset,
+        };
+        let consumer: Arc<StreamConsumer<RebalanceContext>> =
+            Arc::new(self.client_config().create_with_context(context)?);
+        let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+
+        let driver_stop = CancellationToken::new();
+        let driver = spawn_main_queue_driver(
+            Arc::clone(&consumer),
+            driver_stop.clone(),
+            self.config.name.clone(),
+        );
+
+        let decoder = Arc::new(Decoder::new(
+            &self.config.message_id,
+            &self.config.event_date,
+            self.config.max_payload_bytes,
+            self.handler.needs_json(),
+        ));
+        let (exit_tx, mut exits) = mpsc::unbounded_channel::<(TopicPartition, Exit)>();
+        let mut running: HashMap<TopicPartition, Running> = HashMap::new();
+        let mut failure = None;
+
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                Some((tp, exit)) = exits.recv() => {
+                    if let Exit::Fatal(reason) = exit {
+                        tracing::error!(consumer = %self.config.name, topic = %tp.0, partition = tp.1, %reason, "fatal error; stopping the worker");
+                        failure = Some(reason);
+                        break;
+                    }
+                }
+                Some(event) = events.recv() => match event {
+                    Event::Claim { partitions, reply } => {
+                        let claims = self.claim_all(&partitions, &shutdown).await;
+                        let _ = reply.send(claims);
+                    }
+                    Event::Start { claims, done } => {
+                        for (tp, claim) in claims {
+                            if let Some(old) = running.remove(&tp) {
+                                old.cancel.cancel();
+                                old.handle.abort();
+                            }
+                            match self.start_partition(&consumer, &decoder, &tp, claim, &exit_tx) {
+                                Some(r) => { running.insert(tp, r); }
+                                None => tracing::error!(consumer = %self.config.name, topic = %tp.0, partition = tp.1, "could not split the partition queue"),
+                            }
+                        }
+                        self.stats.rebalance();
+                        drop(done);
+                    }
+                    Event::Revoke { partitions, done } => {
+                        let stopping: Vec<Running> = partitions.iter().filter_map(|tp| running.remove(tp)).collect();
+                        drain(stopping, self.revoke_deadline).await;
+                        drop(done);
+                    }
+                },
+            }
+        }
+
+        // Stop: finish in-flight batches, then leave the group.
+        let all: Vec<Running> = running.drain().map(|(_, r)| r).collect();
+        drain(all, self.revoke_deadline).await;
+        // Leaving the group revokes the assignment through the callback, which still needs the
+        // coordinator to answer: serve it (there is nothing left to drain) until it is done.
+        consumer.unsubscribe();
+        let serve = async {
+            while let Some(event) = events.recv().await {
+                match event {
+                    Event::Claim { reply, .. } => drop(reply),
+                    Event::Start { done, .. } | Event::Revoke { done, .. } => drop(done),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), serve).await;
+        driver_stop.cancel();
+        let _ = tokio::task::spawn_blocking(move || driver.join()).await;
+        match failure {
+            Some(reason) => Err(SourceError::Fatal {
+                consumer: self.config.name.clone(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Claims every partition, retrying while PostgreSQL is unreachable. Empty when stopping.
+    async fn claim_all(
+        &self,
+        partitions: &[TopicPartition],
+        shutdown: &CancellationToken,
+    ) -> Vec<(TopicPartition, Claim)> {
+        let mut attempt = 0;
+        loop {
+            match self.try_claim_all(partitions).await {
+                Ok(c) => return c,
+                Err(e) => {
+                    attempt += 1;
+                    tracing::warn!(consumer = %self.config.name, error = %e, attempt, "claiming partitions failed; retrying");
+                    let pause = crate::strategy::backoff(&self.config.retry, attempt);
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Vec::new(),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn try_claim_all(
+        &self,
+        partitions: &[TopicPartition],
+    ) -> Result<Vec<(TopicPartition, Claim)>, crate::store::StoreError> {
+        let client = self.pool.get().await?;
+        let mut out = Vec::with_capacity(partitions.len());
+        for tp in partitions {
+            let claim =
+                offsets::claim(&**client, &self.config.name, &tp.0, tp.1, &self.worker_id).await?;
+            tracing::info!(consumer = %self.config.name, topic = %tp.0, partition = tp.1,
+                epoch = claim.epoch, next_offset = ?claim.next_offset, "claimed partition");
+            out.push((tp.clone(), claim));
+        }
+        Ok(out)
+    }
+
+    fn start_partition(
+        &self,
+        consumer: &Arc<StreamConsumer<RebalanceContext>>,
+        decoder: &Arc<Decoder>,
+        tp: &TopicPartition,
+        claim: Claim,
+        exits: &mpsc::UnboundedSender<(TopicPartition, Exit)>,
+    ) -> Option<Running> {
+        let queue = consumer.split_partition_queue(&tp.0, tp.1)?;
+        let offset = match claim.next_offset {
+            Some(o) => Offset::Offset(o),
+            None => match self.config.auto_offset_reset {
+                OffsetReset::Earliest => Offset::Beginning,
+                OffsetReset::Latest => Offset::End,
+            },
+        };
+        if let Err(e) = consumer.seek(&tp.0, tp.1, offset, Duration::from_secs(10)) {
+            tracing::warn!(consumer = %self.config.name, topic = %tp.0, partition = tp.1, error = %e, "seek after split failed; relying on the assigned offset");
+        }
+        let cancel = CancellationToken::new();
+        let task = PartitionTask {
+            ctx: PartitionCtx {
+                consumer: Arc::from(self.config.name.as_str()),
+                topic: Arc::from(tp.0.as_str()),
+                partition: tp.1,
+                epoch: claim.epoch,
+                pool: self.pool.clone(),
+                handler: Arc::clone(&self.handler),
+                retry: self.config.retry.clone(),
+                partitions: Arc::clone(&self.partitions),
+                cancel: cancel.clone(),
+            },
+            queue,
+            consumer: Arc::clone(consumer),
+            decoder: Arc::clone(decoder),
+            config: Arc::clone(&self.config),
+            strategy: Arc::clone(&self.strategy),
+            stats: Arc::clone(&self.stats),
+            next_offset: claim.next_offset,
+        };
+        let exits = exits.clone();
+        let key = tp.clone();
+        let handle = tokio::spawn(async move {
+            let exit = task.run().await;
+            let report = match &exit {
+                Exit::Fatal(r) => Exit::Fatal(r.clone()),
+                Exit::Fenced => Exit::Fenced,
+                Exit::Stopped => Exit::Stopped,
+            };
+            let _ = exits.send((key, report));
+            exit
+        });
+        Some(Running { cancel, handle })
+    }
+}
+
+/// Cancels the tasks and waits for them up to `deadline`; aborts what is still running then.
+async fn drain(tasks: Vec<Running>, deadline: Duration) {
+    for t in &tasks {
+        t.cancel.cancel();
+    }
+    let until = tokio::time::Instant::now() + deadline;
+    for mut t in tasks {
+        if tokio::time::timeout_at(until, &mut t.handle).await.is_err() {
+            tracing::error!(
+                "a partition task did not stop within the revoke deadline; aborting it"
+            );
+            t.handle.abort();
+        }
+    }
+}
+
+/// Polls the main queue on its own thread: it serves rebalance callbacks and events. With every
+/// partition's queue split off, records never arrive here; one that does was fetched before its
+/// partition's seek, and is fetched again through the partition's queue.
+fn spawn_main_queue_driver(
+    consumer: Arc<StreamConsumer<RebalanceContext>>,
+    stop: CancellationToken,
+    name: String,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name(format!("kafka-main-{name}"))
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the main-queue runtime");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        m = consumer.recv() => match m {
+                            Ok(m) => tracing::debug!(consumer = %name, partition = rdkafka::Message::partition(&m),
+                                offset = rdkafka::Message::offset(&m), "record on the main queue; it is re-fetched after the seek"),
+                            Err(e) => tracing::warn!(consumer = %name, error = %e, "kafka consumer error"),
+                        }
+                    }
+                }
+            });
+        })
+        .expect("spawning a thread")
+}
+
+/// Checks the cross-field rule the rebalance protocol depends on (also done by config
+/// validation; repeated here for configs built in code).
+pub fn check_deadlines(config: &Config) -> Result<(), String> {
+    if config.worker.revoke_deadline >= config.kafka.session_timeout {
+        return Err(format!(
+            "worker.revoke_deadline ({:?}) must be below kafka.session_timeout ({:?})",
+            config.worker.revoke_deadline, config.kafka.session_timeout
+        ));
+    }
+    Ok(())
+}

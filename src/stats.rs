@@ -1,0 +1,104 @@
+//! In-process counters per consumer: what the worker has done since it started. Tests read
+//! them to compare with the ledger; the Prometheus metrics are fed from the same events.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::strategy::Outcome;
+
+/// Counters of one consumer.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub records: AtomicU64,
+    pub fresh: AtomicU64,
+    pub effects: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub business_duplicates: AtomicU64,
+    pub below_stored_offset: AtomicU64,
+    pub parked: AtomicU64,
+    pub retries: AtomicU64,
+    pub commits: AtomicU64,
+    pub batches: AtomicU64,
+    pub fenced: AtomicU64,
+    pub rebalances: AtomicU64,
+    /// The last offset committed per partition (PostgreSQL first, then Kafka).
+    committed: Mutex<BTreeMap<i32, i64>>,
+}
+
+/// A copy of the counters at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub records: u64,
+    pub fresh: u64,
+    pub effects: u64,
+    pub duplicates: u64,
+    pub business_duplicates: u64,
+    pub below_stored_offset: u64,
+    pub parked: u64,
+    pub retries: u64,
+    pub commits: u64,
+    pub batches: u64,
+    pub fenced: u64,
+    pub rebalances: u64,
+}
+
+impl Stats {
+    pub fn batch(&self, o: &Outcome, _took: Duration) {
+        self.records.fetch_add(o.records, Relaxed);
+        self.fresh.fetch_add(o.fresh, Relaxed);
+        self.effects.fetch_add(o.effects, Relaxed);
+        self.duplicates.fetch_add(o.duplicates, Relaxed);
+        self.business_duplicates
+            .fetch_add(o.business_duplicates, Relaxed);
+        self.parked.fetch_add(o.parked.len() as u64, Relaxed);
+        self.retries.fetch_add(o.retries, Relaxed);
+        self.commits.fetch_add(o.commits, Relaxed);
+        self.batches.fetch_add(1, Relaxed);
+    }
+
+    pub fn below_stored_offset(&self) {
+        self.below_stored_offset.fetch_add(1, Relaxed);
+    }
+
+    pub fn fenced(&self) {
+        self.fenced.fetch_add(1, Relaxed);
+    }
+
+    pub fn rebalance(&self) {
+        self.rebalances.fetch_add(1, Relaxed);
+    }
+
+    pub fn committed_offset(&self, partition: i32, next: i64) {
+        self.committed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(partition, next);
+    }
+
+    /// The next offset last committed for each partition this worker has held.
+    pub fn committed_offsets(&self) -> BTreeMap<i32, i64> {
+        self.committed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            records: self.records.load(Relaxed),
+            fresh: self.fresh.load(Relaxed),
+            effects: self.effects.load(Relaxed),
+            duplicates: self.duplicates.load(Relaxed),
+            business_duplicates: self.business_duplicates.load(Relaxed),
+            below_stored_offset: self.below_stored_offset.load(Relaxed),
+            parked: self.parked.load(Relaxed),
+            retries: self.retries.load(Relaxed),
+            commits: self.commits.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            fenced: self.fenced.load(Relaxed),
+            rebalances: self.rebalances.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The `batch` strategy (the default): one transaction per batch of a partition.
+//!
+//! 1. advance the partition's offset, fenced by the ownership epoch (a zombie stops here);
+//! 2. park the batch's undecodable or refused records;
+//! 3. binary `COPY` the first copy of each message into `staged_messages`;
+//! 4. insert the staged keys into `processed_messages ... ON CONFLICT DO NOTHING`: the keys it
+//!    returns are the fresh messages;
+//! 5. the handler applies the effect to the fresh messages only;
+//! 6. `COMMIT`, and only then tell Kafka.
+//!
+//! Failures roll the whole transaction back; see `segments` for what is retried and how a
+//! failing message is found and parked.
+
+use async_trait::async_trait;
+use deadpool_postgres::Transaction;
+
+use super::segments::{drive, Body, BodyOutcome, Shape};
+use super::{AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
+use crate::batch::Batch;
+use crate::envelope::Envelope;
+use crate::handler::{BatchContext, HandlerError};
+use crate::store::{copy, dedupe};
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Batched;
+
+#[async_trait]
+impl Strategy for Batched {
+    async fn process(
+        &self,
+        ctx: &PartitionCtx,
+        batch: Batch,
+        committed: Committed<'_>,
+    ) -> Result<Outcome, BatchError> {
+        let shape = Shape {
+            segment_len: usize::MAX,
+            fence_first: true,
+        };
+        drive(ctx, &batch, &shape, &StageAndDedupe, committed).await
+    }
+}
+
+struct StageAndDedupe;
+
+#[async_trait]
+impl Body for StageAndDedupe {
+    async fn run(
+        &self,
+        ctx: &PartitionCtx,
+        tx: &Transaction<'_>,
+        candidates: &[&Envelope],
+    ) -> Result<BodyOutcome, AttemptError> {
+        copy::stage(tx, candidates, ctx.handler.stages_payload(), false).await?;
+        let fresh_seq = dedupe::insert_staged(tx, &ctx.consumer).await?;
+        let fresh: Vec<&Envelope> = fresh_seq.iter().map(|&s| candidates[s]).collect();
+        let mut out = BodyOutcome {
+            fresh: fresh.len() as u64,
+            duplicates: (candidates.len() - fresh.len()) as u64,
+            ..BodyOutcome::default()
+        };
+        if fresh.is_empty() {
+            return Ok(out);
+        }
+        let bctx = BatchContext {
+            consumer: &ctx.consumer,
+            topic: &ctx.topic,
+            partition: ctx.partition,
+        };
+        match ctx.handler.apply(tx, &bctx, &fresh).await {
+            Ok(applied) => {
+                out.effects = applied.effects;
+                out.business_duplicates = applied.business_duplicates;
+                Ok(out)
+            }
+            // The handler names fresh messages; the driver wants candidates.
+            Err(HandlerError::Reject(list)) => Err(AttemptError::Reject(
+                list.into_iter()
+                    .map(|(f, why)| (fresh_seq[f], why))
+                    .collect(),
+            )),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

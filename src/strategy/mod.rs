@@ -1,0 +1,195 @@
+//! What one batch of a partition does to the database. The source hands every strategy the
+//! same thing (a [`Batch`] of decoded records, in offset order) and the strategy commits it
+//! in one transaction ([`batched`]) or one per message ([`per_message`]), calling back after
+//! each PostgreSQL commit so the source can tell Kafka.
+
+pub mod batched;
+pub mod per_message;
+mod segments;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::Pool;
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::Batch;
+use crate::config::RetryConfig;
+use crate::envelope::Reason;
+use crate::handler::{Handler, HandlerError};
+use crate::store::{ErrorClass, StoreError};
+
+/// Everything a strategy needs to know about the partition it works for.
+#[derive(Clone)]
+pub struct PartitionCtx {
+    pub consumer: Arc<str>,
+    pub topic: Arc<str>,
+    pub partition: i32,
+    /// The ownership epoch this worker claimed; every transaction is fenced on it.
+    pub epoch: i64,
+    pub pool: Pool,
+    pub handler: Arc<dyn Handler>,
+    pub retry: RetryConfig,
+    /// Which daily dedupe partitions exist (shared by the worker's partitions).
+    pub partitions: Arc<crate::store::partitions::Known>,
+    /// Cancelled when the partition is revoked or the worker stops: a strategy waiting out a
+    /// backoff gives up at once (nothing is in flight then, and the next owner resumes from the
+    /// stored offset).
+    pub cancel: CancellationToken,
+}
+
+/// What a processed batch amounted to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub records: u64,
+    /// Messages whose dedupe key was new.
+    pub fresh: u64,
+    /// Effects the handler applied.
+    pub effects: u64,
+    /// Copies whose dedupe key existed already (or repeated inside the batch).
+    pub duplicates: u64,
+    /// Fresh messages whose effect existed under a business key (a double tap).
+    pub business_duplicates: u64,
+    pub parked: Vec<Reason>,
+    /// Transactions rolled back and tried again.
+    pub retries: u64,
+    /// PostgreSQL commits.
+    pub commits: u64,
+}
+
+impl Outcome {
+    pub fn add(&mut self, other: Outcome) {
+        self.records += other.records;
+        self.fresh += other.fresh;
+        self.effects += other.effects;
+        self.duplicates += other.duplicates;
+        self.business_duplicates += other.business_duplicates;
+        self.parked.extend(other.parked);
+        self.retries += other.retries;
+        self.commits += other.commits;
+    }
+}
+
+/// Why a batch stopped without committing all of it. Whatever committed before the error was
+/// reported through the callback.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// Another worker claimed the partition: this one is a zombie and rolled back.
+    #[error("fenced: another worker owns the partition now")]
+    Fenced,
+    /// The partition was revoked or the worker is stopping.
+    #[error("cancelled")]
+    Cancelled,
+    /// The handler or the schema cannot work; the worker stops.
+    #[error("fatal: {0}")]
+    Fatal(String),
+}
+
+/// Called with the partition's next offset after every PostgreSQL commit.
+pub type Committed<'a> = &'a (dyn Fn(i64) + Send + Sync);
+
+#[async_trait]
+pub trait Strategy: Send + Sync + 'static {
+    async fn process(
+        &self,
+        ctx: &PartitionCtx,
+        batch: Batch,
+        committed: Committed<'_>,
+    ) -> Result<Outcome, BatchError>;
+}
+
+/// How one transaction attempt failed.
+#[derive(Debug)]
+pub(crate) enum AttemptError {
+    Fenced,
+    /// The database could not do it now: retry without limit.
+    Unavailable(String),
+    /// The handler asked for a retry: counted against the batch.
+    Transient(String),
+    /// These candidates (by index) can never be applied.
+    Reject(Vec<(usize, String)>),
+    /// Something in the batch cannot be applied; culprit unknown.
+    Permanent(String),
+    Fatal(String),
+}
+
+impl From<StoreError> for AttemptError {
+    fn from(e: StoreError) -> Self {
+        let text = match &e {
+            StoreError::Postgres(pg) => match pg.as_db_error() {
+                Some(db) => format!("{} ({})", db.message(), db.code().code()),
+                None => pg.to_string(),
+            },
+            other => other.to_string(),
+        };
+        match e.class() {
+            ErrorClass::Transient => AttemptError::Unavailable(text),
+            ErrorClass::Permanent => AttemptError::Permanent(text),
+            ErrorClass::Fatal => AttemptError::Fatal(text),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for AttemptError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        StoreError::from(e).into()
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for AttemptError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        StoreError::from(e).into()
+    }
+}
+
+impl From<HandlerError> for AttemptError {
+    fn from(e: HandlerError) -> Self {
+        match e {
+            HandlerError::Transient(t) => AttemptError::Transient(t),
+            HandlerError::Reject(v) => AttemptError::Reject(v),
+            HandlerError::Permanent(t) => AttemptError::Permanent(t),
+            HandlerError::Fatal(t) => AttemptError::Fatal(t),
+            HandlerError::Unavailable(t) => AttemptError::Unavailable(t),
+        }
+    }
+}
+
+/// Exponential backoff with jitter: `initial × 2^(attempt-1)`, capped at `max`, then a random
+/// half of it added or not, so that workers retrying together spread out.
+pub fn backoff(retry: &RetryConfig, attempt: u32) -> Duration {
+    let exp = retry
+        .initial_backoff
+        .saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+    let base = exp.min(retry.max_backoff);
+    base / 2 + base.mul_f64(fastrand::f64() / 2.0)
+}
+
+/// Sleeps for the backoff unless the partition is cancelled first.
+pub(crate) async fn wait(ctx: &PartitionCtx, attempt: u32) -> Result<(), BatchError> {
+    tokio::select! {
+        _ = ctx.cancel.cancelled() => Err(BatchError::Cancelled),
+        _ = tokio::time::sleep(backoff(&ctx.retry, attempt)) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_stays_under_the_cap() {
+        let retry = RetryConfig {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+        };
+        let b1 = backoff(&retry, 1);
+        assert!(b1 >= Duration::from_millis(50) && b1 <= Duration::from_millis(100));
+        let b3 = backoff(&retry, 3);
+        assert!(b3 >= Duration::from_millis(200) && b3 <= Duration::from_millis(400));
+        for n in 1..40 {
+            assert!(backoff(&retry, n) <= Duration::from_secs(1));
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The retry and isolation driver both strategies share.
+//!
+//! A *segment* is a run of consecutive records of the batch, committed by one transaction that
+//! advances the partition's offset to just past its last record, parks its rejected records,
+//! and hands its candidates to the strategy's body. When a segment fails:
+//! - the database is unavailable (connection lost, deadlock, serialization failure): retry the
+//!   same segment with backoff, for as long as it takes (nothing can be parked without the
+//!   database anyway);
+//! - the handler rejects given messages: mark them, and retry at once (they are parked);
+//! - the handler fails transiently: retry with backoff up to `retry.max_attempts`;
+//! - the handler fails on the data without naming a message, or transient failures are used
+//!   up: split the segment in two and commit each half on its own, one attempt per half, until
+//!   the failing message is alone; alone, it gets its full attempts and is then parked.
+//!
+//! Whatever happens, a dedupe key commits only together with its effect, and a message leaves
+//! the partition only as an effect, a counted duplicate, or a dead letter.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+
+use async_trait::async_trait;
+use deadpool_postgres::Transaction;
+
+use super::{wait, AttemptError, BatchError, Committed, Outcome, PartitionCtx};
+use crate::batch::Batch;
+use crate::envelope::{Envelope, Reason, Rejection};
+use crate::store::{dead_letters, offsets};
+
+/// What a body did with a segment's candidates.
+#[derive(Debug, Default)]
+pub(crate) struct BodyOutcome {
+    pub fresh: u64,
+    pub effects: u64,
+    pub duplicates: u64,
+    pub business_duplicates: u64,
+}
+
+/// The part of the transaction that differs between strategies: dedupe and effect.
+#[async_trait]
+pub(crate) trait Body: Send + Sync {
+    /// Applies `candidates` (first copies, in offset order) in `tx`. A rejection names
+    /// candidates by their index in `candidates`.
+    async fn run(
+        &self,
+        ctx: &PartitionCtx,
+        tx: &Transaction<'_>,
+        candidates: &[&Envelope],
+    ) -> Result<BodyOutcome, AttemptError>;
+}
+
+/// How the driver cuts and orders the work.
+pub(crate) struct Shape {
+    /// At most this many records per transaction (`usize::MAX`: the whole batch).
+    pub segment_len: usize,
+    /// Advance the fenced offset first (the batch strategy: a zombie fails at its first
+    /// statement), or last (the seed's per-message order: key, effect, offset).
+    pub fence_first: bool,
+}
+
+struct Segment {
+    range: Range<usize>,
+    /// Produced by a split: one attempt before splitting again.
+    isolating: bool,
+}
+
+pub(crate) async fn drive(
+    ctx: &PartitionCtx,
+    batch: &Batch,
+    shape: &Shape,
+    body: &dyn Body,
+    committed: Committed<'_>,
+) -> Result<Outcome, BatchError> {
+    let mut out = Outcome::default();
+    // Records the handler refused or that ran out of attempts, by index in the batch.
+    let mut rejected: HashMap<usize, Rejection> = HashMap::new();
+    let n = batch.len();
+    // A stack, last segment at the bottom, so segments commit in offset order.
+    let mut todo: Vec<Segment> = (0..n)
+        .step_by(shape.segment_len.max(1))
+        .map(|s| Segment {
+            range: s..(s + shape.segment_len).min(n),
+            isolating: false,
+        })
+        .rev()
+        .collect();
+    while let Some(seg) = todo.pop() {
+        let mut attempts = 0u32;
+        let mut unavailable = 0u32;
+        loop {
+            match attempt(ctx, batch, &seg.range, &rejected, shape, body).await {
+                Ok(o) => {
+                    out.add(o);
+                    out.commits += 1;
+                    committed(batch.records[seg.range.end - 1].raw.offset + 1);
+                    break;
+                }
+                Err(AttemptError::Fenced) => return Err(BatchError::Fenced),
+                Err(AttemptError::Fatal(t)) => return Err(BatchError::Fatal(t)),
+                Err(AttemptError::Unavailable(t)) => {
+                    unavailable += 1;
+                    out.retries += 1;
+                    tracing::warn!(consumer = %ctx.consumer, topic = %ctx.topic, partition = ctx.partition,
+                        attempt = unavailable, error = %t, "database unavailable; retrying the batch");
+                    wait(ctx, unavailable).await?;
+                }
+                Err(AttemptError::Reject(list)) => {
+                    out.retries += 1;
+                    for (idx, why) in list {
+                        let id = batch.records[idx]
+                            .decoded
+                            .as_ref()
+                            .ok()
+                            .map(|e| e.message_id);
+                        let mut r = Rejection::new(Reason::HandlerRejected, why);
+                        r.message_id = id;
+                        rejected.insert(idx, r);
+                    }
+                }
+                Err(e @ (AttemptError::Transient(_) | AttemptError::Permanent(_))) => {
+                    attempts += 1;
+                    out.retries += 1;
+                    let (permanent, text) = match e {
+                        AttemptError::Permanent(t) => (true, t),
+                        AttemptError::Transient(t) => (false, t),
+                        _ => unreachable!("matched above"),
+                    };
+                    let candidates: Vec<usize> = seg
+                        .range
+                        .clone()
+                        .filter(|i| !rejected.contains_key(i) && batch.records[*i].decoded.is_ok())
+                        .collect();
+                    let limit = if seg.isolating && candidates.len() > 1 {
+                        1
+                    } else {
+                        ctx.retry.max_attempts
+                    };
+                    tracing::warn!(consumer = %ctx.consumer, topic = %ctx.topic, partition = ctx.partition,
+                        first_offset = batch.records[seg.range.start].raw.offset,
+                        records = seg.range.len(), attempt = attempts, error = %text,
+                        "batch failed; rolled back");
+                    if !permanent && attempts < limit {
+                        wait(ctx, attempts).await?;
+                        continue;
+                    }
+                    if candidates.len() > 1 && seg.range.len() > 1 {
+                        let mid = seg.range.start + seg.range.len() / 2;
+                        todo.push(Segment {
+                            range: mid..seg.range.end,
+                            isolating: true,
+                        });
+                        todo.push(Segment {
+                            range: seg.range.start..mid,
+                            isolating: true,
+                        });
+                        break;
+                    }
+                    let Some(&idx) = candidates.first() else {
+                        // No candidate left and still failing: nothing to blame on a message.
+                        wait(ctx, attempts).await?;
+                        continue;
+                    };
+                    let reason = if permanent {
+                        Reason::HandlerRejected
+                    } else {
+                        Reason::RetriesExhausted
+                    };
+                    let mut r =
+                        Rejection::new(reason, format!("{text} (after {attempts} attempt(s))"));
+                    r.message_id = batch.records[idx]
+                        .decoded
+                        .as_ref()
+                        .ok()
+                        .map(|e| e.message_id);
+                    rejected.insert(idx, r);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One transaction over one segment.
+async fn attempt(
+    ctx: &PartitionCtx,
+    batch: &Batch,
+    range: &Range<usize>,
+    rejected: &HashMap<usize, Rejection>,
+    shape: &Shape,
+    body: &dyn Body,
+) -> Result<Outcome, AttemptError> {
+    let records = &batch.records[range.clone()];
+    let next_offset = records[records.len() - 1].raw.offset + 1;
+    let mut parked = Vec::new();
+    let mut parked_reasons = Vec::new();
+    let mut candidates: Vec<&Envelope> = Vec::new();
+    let mut candidate_idx: Vec<usize> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut duplicates_in_batch = 0u64;
+    for (i, rec) in records.iter().enumerate() {
+        let idx = range.start + i;
+        let verdict = match rejected.get(&idx) {
+            Some(r) => Err(r),
+            None => rec.decoded.as_ref(),
+        };
+        match verdict {
+            Err(rej) => {
+                parked.push(rec.raw.parked(&ctx.topic, rej, 1));
+                parked_reasons.push(rej.reason);
+            }
+            // A copy repeated inside the batch: the first copy wins, the rest are duplicates.
+            Ok(env) if !seen.insert(env.message_id) => duplicates_in_batch += 1,
+            Ok(env) => {
+                candidates.push(env);
+                candidate_idx.push(idx);
+            }
+        }
+    }
+
+    let mut conn = ctx.pool.get().await?;
+    ctx.partitions
+        .ensure(&**conn, candidates.iter().map(|e| e.event_date))
+        .await?;
+    let tx = conn.transaction().await?;
+    let fence = || {
+        offsets::advance(
+            &tx,
+            &ctx.consumer,
+            &ctx.topic,
+            ctx.partition,
+            ctx.epoch,
+            next_offset,
+        )
+    };
+    if shape.fence_first && !fence().await? {
+        return Err(AttemptError::Fenced);
+    }
+    dead_letters::park(&tx, &ctx.consumer, &parked).await?;
+    let body_out = if candidates.is_empty() {
+        BodyOutcome::default()
+    } else {
+        match body.run(ctx, &tx, &candidates).await {
+            Ok(o) => o,
+            Err(AttemptError::Reject(list)) => {
+                return Err(AttemptError::Reject(
+                    list.into_iter()
+                        .map(|(c, why)| (candidate_idx[c], why))
+                        .collect(),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    if !shape.fence_first && !fence().await? {
+        return Err(AttemptError::Fenced);
+    }
+    tx.commit().await?;
+
+    for p in &parked {
+        tracing::warn!(consumer = %ctx.consumer, topic = p.topic, partition = p.partition,
+            offset = p.offset, reason = p.reason, detail = p.detail, "message parked in dead_letters");
+    }
+    Ok(Outcome {
+        records: records.len() as u64,
+        fresh: body_out.fresh,
+        effects: body_out.effects,
+        duplicates: duplicates_in_batch + body_out.duplicates,
+        business_duplicates: body_out.business_duplicates,
+        parked: parked_reasons,
+        retries: 0,
+        commits: 0,
+    })
+}

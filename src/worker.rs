@@ -1,0 +1,199 @@
+//! Wires a worker: config, pool, handlers, one source per configured consumer, shutdown.
+//!
+//! [`Worker::start`] returns once every consumer has joined its group (tests start workers
+//! in-process with it); [`run`] is the whole life of the `effectively run` process.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Strategy as StrategyKind};
+use crate::handler::Registry;
+use crate::source::consumer::{check_deadlines, Source, SourceError};
+use crate::stats::Stats;
+use crate::store::partitions::Known;
+use crate::store::pool::{self, PoolOptions};
+use crate::strategy::{batched::Batched, per_message::PerMessage, Strategy};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Pool(#[from] pool::PoolError),
+    #[error("database: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("the schema is missing: run `effectively migrate` first")]
+    NotMigrated,
+    #[error("consumer {consumer:?}: handler: {reason}")]
+    Handler { consumer: String, reason: String },
+    #[error(transparent)]
+    Source(#[from] SourceError),
+}
+
+/// A running worker.
+pub struct Worker {
+    stats: HashMap<String, Arc<Stats>>,
+    shutdown: CancellationToken,
+    tasks: JoinSet<Result<(), SourceError>>,
+}
+
+impl Worker {
+    /// Checks the configuration against the database and starts every consumer.
+    pub async fn start(config: Config, registry: Registry) -> Result<Worker, WorkerError> {
+        check_deadlines(&config).map_err(WorkerError::Config)?;
+        let url = config.database.url.expose().to_string();
+        let opts = PoolOptions {
+            size: config.database.pool_size,
+            connect_timeout: config.database.connect_timeout,
+            idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
+        };
+        let pg = pool::build(&url, &opts)?;
+        let client = pool::connect(&url).await?;
+        let migrated: Option<String> = client
+            .query_one("SELECT to_regclass('consumer_offsets')::text", &[])
+            .await
+            .map_err(crate::store::StoreError::from)?
+            .get(0);
+        if migrated.is_none() {
+            return Err(WorkerError::NotMigrated);
+        }
+
+        let known = Arc::new(Known::default());
+        let today = chrono::Utc::now().date_naive();
+        let ahead = config
+            .consumers
+            .iter()
+            .map(|c| c.partitions_ahead)
+            .max()
+            .unwrap_or(3);
+        known.create_ahead(&client, today, ahead).await?;
+
+        let worker_id = config.worker_id();
+        let shutdown = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let mut stats = HashMap::new();
+        let mut sources = Vec::new();
+        for c in &config.consumers {
+            let handler = registry
+                .build(&c.handler)
+                .map_err(|reason| WorkerError::Handler {
+                    consumer: c.name.clone(),
+                    reason,
+                })?;
+            handler
+                .prepare(&client)
+                .await
+                .map_err(|e| WorkerError::Handler {
+                    consumer: c.name.clone(),
+                    reason: e.to_string(),
+                })?;
+            let strategy: Arc<dyn Strategy> = match c.strategy {
+                StrategyKind::Batch => Arc::new(Batched),
+                StrategyKind::PerMessage => Arc::new(PerMessage),
+            };
+            let s = Arc::new(Stats::default());
+            stats.insert(c.name.clone(), Arc::clone(&s));
+            sources.push(Source {
+                config: Arc::new(c.clone()),
+                kafka: config.kafka.clone(),
+                worker_id: worker_id.clone(),
+                revoke_deadline: config.worker.revoke_deadline,
+                pool: pg.clone(),
+                handler,
+                strategy,
+                partitions: Arc::clone(&known),
+                stats: s,
+            });
+        }
+        for source in sources {
+            tasks.spawn(source.run(shutdown.child_token()));
+        }
+        tasks.spawn(maintain_partitions(
+            pg.clone(),
+            known,
+            ahead,
+            shutdown.child_token(),
+        ));
+        tracing::info!(worker = %worker_id, consumers = config.consumers.len(), "worker started");
+        Ok(Worker {
+            stats,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// The counters of one consumer.
+    pub fn stats(&self, consumer: &str) -> Option<Arc<Stats>> {
+        self.stats.get(consumer).cloned()
+    }
+
+    /// Resolves when a consumer stopped on its own (a fatal error), with that error.
+    pub async fn failed(&mut self) -> Result<(), WorkerError> {
+        match self.tasks.join_next().await {
+            Some(Ok(Ok(()))) | None => Ok(()),
+            Some(Ok(Err(e))) => Err(e.into()),
+            Some(Err(join)) => Err(WorkerError::Config(format!(
+                "a consumer task panicked: {join}"
+            ))),
+        }
+    }
+
+    /// Stops fetching, finishes in-flight batches, leaves the groups.
+    pub async fn stop(mut self) -> Result<(), WorkerError> {
+        self.shutdown.cancel();
+        let mut result = Ok(());
+        while let Some(r) = self.tasks.join_next().await {
+            if let Ok(Err(e)) = r {
+                result = Err(e.into());
+            }
+        }
+        tracing::info!("worker stopped");
+        result
+    }
+}
+
+/// The life of `effectively run`: start, run until `shutdown` resolves or a consumer fails,
+/// then stop cleanly.
+pub async fn run(
+    config: Config,
+    registry: Registry,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), WorkerError> {
+    let mut worker = Worker::start(config, registry).await?;
+    tokio::select! {
+        _ = shutdown => worker.stop().await,
+        r = worker.failed() => {
+            let stopped = worker.stop().await;
+            r.and(stopped)
+        }
+    }
+}
+
+/// Creates tomorrow's dedupe partitions before tomorrow comes, hourly.
+async fn maintain_partitions(
+    pool: deadpool_postgres::Pool,
+    known: Arc<Known>,
+    ahead: u32,
+    stop: CancellationToken,
+) -> Result<(), SourceError> {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+        }
+        let today = chrono::Utc::now().date_naive();
+        match pool.get().await {
+            Ok(client) => {
+                if let Err(e) = known.create_ahead(&**client, today, ahead).await {
+                    tracing::warn!(error = %e, "creating dedupe partitions ahead failed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "creating dedupe partitions ahead: no connection"),
+        }
+    }
+}
