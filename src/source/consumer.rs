@@ -245,6 +245,10 @@ impl Source {
         consumer.subscribe(&topics)?;
 
         let driver_stop = CancellationToken::new();
+        // If this future is dropped (the worker aborted, as in a crash), the main-queue thread
+        // stops too and the consumer leaves the group instead of holding partitions no task
+        // reads.
+        let _driver_guard = driver_stop.clone().drop_guard();
         let driver = spawn_main_queue_driver(
             Arc::clone(&consumer),
             driver_stop.clone(),

@@ -5,6 +5,7 @@
 //! has nothing more waiting, so a quiet stream is not delayed; under load, records pile up while
 //! the previous batch commits, and the next batch is larger (group commit, without a timer).
 
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -51,31 +52,23 @@ pub enum Exit {
 impl PartitionTask {
     pub async fn run(mut self) -> Exit {
         let cancel = self.ctx.cancel.clone();
-        loop {
+        // The last offset committed to PostgreSQL by this task, committed to Kafka once more,
+        // synchronously, when the task stops: async commits may still be in flight then.
+        let last_committed = Arc::new(AtomicI64::new(-1));
+        let exit = loop {
             let batch = match self.next_batch(&cancel).await {
                 Some(b) => b,
-                None => return Exit::Stopped,
+                None => break Exit::Stopped,
             };
             if batch.is_empty() {
                 continue;
             }
-            let consumer = Arc::clone(&self.consumer);
-            let topic = Arc::clone(&self.ctx.topic);
-            let partition = self.ctx.partition;
-            let stats = Arc::clone(&self.stats);
-            let committed = move |next: i64| {
-                stats.committed_offset(partition, next);
-                let mut tpl = TopicPartitionList::new();
-                if tpl
-                    .add_partition_offset(&topic, partition, Offset::Offset(next))
-                    .is_ok()
-                {
-                    // Kafka's committed offset only serves lag monitoring and tools; PostgreSQL is
-                    // the truth. Async: a lost commit costs nothing but a stale lag figure.
-                    if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
-                        tracing::debug!(error = %e, "kafka offset commit failed");
-                    }
-                }
+            let committed = |next: i64| {
+                last_committed.store(next, Relaxed);
+                self.stats.committed_offset(self.ctx.partition, next);
+                // Kafka's committed offset only serves lag monitoring and tools; PostgreSQL is
+                // the truth. Async: a lost commit costs nothing but a stale lag figure.
+                self.commit_to_kafka(next, CommitMode::Async);
             };
             let last = batch.next_offset();
             let started = Instant::now();
@@ -84,15 +77,33 @@ impl PartitionTask {
                     self.next_offset = last;
                     self.stats.batch(&outcome, started.elapsed());
                 }
-                Err(BatchError::Cancelled) => return Exit::Stopped,
+                Err(BatchError::Cancelled) => break Exit::Stopped,
                 Err(BatchError::Fenced) => {
                     self.stats.fenced();
                     tracing::warn!(consumer = %self.ctx.consumer, topic = %self.ctx.topic,
                         partition = self.ctx.partition, epoch = self.ctx.epoch,
                         "fenced: another worker claimed this partition; batch rolled back");
-                    return Exit::Fenced;
+                    break Exit::Fenced;
                 }
-                Err(BatchError::Fatal(t)) => return Exit::Fatal(t),
+                Err(BatchError::Fatal(t)) => break Exit::Fatal(t),
+            }
+        };
+        let last = last_committed.load(Relaxed);
+        if matches!(exit, Exit::Stopped) && last >= 0 {
+            self.commit_to_kafka(last, CommitMode::Sync);
+        }
+        exit
+    }
+
+    fn commit_to_kafka(&self, next: i64, mode: CommitMode) {
+        let mut tpl = TopicPartitionList::new();
+        if tpl
+            .add_partition_offset(&self.ctx.topic, self.ctx.partition, Offset::Offset(next))
+            .is_ok()
+        {
+            if let Err(e) = self.consumer.commit(&tpl, mode) {
+                tracing::debug!(consumer = %self.ctx.consumer, topic = %self.ctx.topic,
+                    partition = self.ctx.partition, error = %e, "kafka offset commit failed");
             }
         }
     }

@@ -289,3 +289,195 @@ pub async fn wallet_total(db: &tokio_postgres::Client, users: &[String]) -> i64 
     .unwrap()
     .get(0)
 }
+
+// ---------------------------------------------------------------------------------------------
+// Failure injection and dead-letter inspection (tests/failures.rs, tests/per_message.rs).
+// ---------------------------------------------------------------------------------------------
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use effectively::envelope::{Envelope, Rejection};
+use effectively::handler::cashback::Cashback;
+use effectively::handler::{Applied, BatchContext, Handler, HandlerError};
+
+/// How a [`Faulty`] handler misbehaves before delegating to the 2% cashback handler.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// `HandlerError::Transient` on the very first call, then never again.
+    TransientOnce,
+    /// `HandlerError::Transient` whenever the fresh messages hold a payment of this amount.
+    TransientOnAmount(i64),
+    /// `HandlerError::Reject` naming every fresh message with this amount.
+    RejectAmount(i64),
+    /// No fault; sleeps this long per fresh message (to slow a worker down).
+    SlowPerMessage(Duration),
+}
+
+/// A custom handler wrapping `Cashback::new(200)` that injects a [`Fault`].
+pub struct Faulty {
+    inner: Cashback,
+    fault: Fault,
+    failed_once: AtomicBool,
+    /// Calls of `apply`, failed or not.
+    pub calls: AtomicU64,
+    /// Calls that returned an injected error.
+    pub injected: AtomicU64,
+}
+
+impl Faulty {
+    pub fn new(fault: Fault) -> std::sync::Arc<Faulty> {
+        std::sync::Arc::new(Faulty {
+            inner: Cashback::new(200),
+            fault,
+            failed_once: AtomicBool::new(false),
+            calls: AtomicU64::new(0),
+            injected: AtomicU64::new(0),
+        })
+    }
+
+    /// A registry holding `handler` under `name`.
+    pub fn registry(handler: &std::sync::Arc<Faulty>, name: &str) -> Registry {
+        Registry::new().with(name, handler.clone() as std::sync::Arc<dyn Handler>)
+    }
+}
+
+fn amount_of(msg: &Envelope) -> Option<i64> {
+    msg.json.as_ref()?.get("amount_paise")?.as_i64()
+}
+
+#[async_trait::async_trait]
+impl Handler for Faulty {
+    fn check(&self, msg: &Envelope) -> Result<(), Rejection> {
+        self.inner.check(msg)
+    }
+
+    async fn apply(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        ctx: &BatchContext<'_>,
+        fresh: &[&Envelope],
+    ) -> Result<Applied, HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        match self.fault {
+            Fault::TransientOnce => {
+                if !self.failed_once.swap(true, Ordering::SeqCst) {
+                    self.injected.fetch_add(1, Ordering::SeqCst);
+                    return Err(HandlerError::Transient("injected: fails once".into()));
+                }
+            }
+            Fault::TransientOnAmount(poison) => {
+                if fresh.iter().any(|m| amount_of(m) == Some(poison)) {
+                    self.injected.fetch_add(1, Ordering::SeqCst);
+                    return Err(HandlerError::Transient(format!(
+                        "injected: amount {poison} always fails"
+                    )));
+                }
+            }
+            Fault::RejectAmount(poison) => {
+                let bad: Vec<(usize, String)> = fresh
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| amount_of(m) == Some(poison))
+                    .map(|(i, _)| (i, format!("injected: amount {poison} is refused")))
+                    .collect();
+                if !bad.is_empty() {
+                    self.injected.fetch_add(1, Ordering::SeqCst);
+                    return Err(HandlerError::Reject(bad));
+                }
+            }
+            Fault::SlowPerMessage(pause) => {
+                tokio::time::sleep(pause * fresh.len() as u32).await;
+            }
+        }
+        self.inner.apply(tx, ctx, fresh).await
+    }
+}
+
+/// One `dead_letters` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub message_id: Option<uuid::Uuid>,
+    pub reason: String,
+    pub detail: String,
+    pub key: Option<Vec<u8>>,
+    pub header_names: Vec<String>,
+    pub header_values: Vec<Option<Vec<u8>>>,
+    pub payload: Option<Vec<u8>>,
+    pub attempts: i32,
+}
+
+/// The dead letters of `consumer`, in (topic, partition, offset) order.
+pub async fn dead_letters(db: &tokio_postgres::Client, consumer: &str) -> Vec<DeadLetter> {
+    db.query(
+        "SELECT topic, partition, \"offset\", message_id, reason, detail, key, header_names,
+                header_values, payload, attempts
+         FROM dead_letters WHERE consumer = $1 ORDER BY topic, partition, \"offset\"",
+        &[&consumer],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| DeadLetter {
+        topic: r.get(0),
+        partition: r.get(1),
+        offset: r.get(2),
+        message_id: r.get(3),
+        reason: r.get(4),
+        detail: r.get(5),
+        key: r.get(6),
+        header_names: r.get(7),
+        header_values: r.get(8),
+        payload: r.get(9),
+        attempts: r.get(10),
+    })
+    .collect()
+}
+
+/// How many of `ids` have a dedupe key for `consumer`.
+pub async fn processed_among(
+    db: &tokio_postgres::Client,
+    consumer: &str,
+    ids: &[uuid::Uuid],
+) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM processed_messages WHERE consumer = $1 AND message_id = ANY($2)",
+        &[&consumer, &ids],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// The next offset PostgreSQL stores for one partition of `consumer` (None: no row, or NULL).
+pub async fn stored_offset(
+    db: &tokio_postgres::Client,
+    consumer: &str,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    db.query_opt(
+        "SELECT next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2 AND partition = $3",
+        &[&consumer, &topic, &partition],
+    )
+    .await
+    .unwrap()
+    .and_then(|r| r.get(0))
+}
+
+/// Cashback credits of `consumer`, counted per payment: `(payment_id, count)` of any credited
+/// more than once (empty when every payment has at most one credit).
+pub async fn doubly_credited(db: &tokio_postgres::Client, consumer: &str) -> Vec<(String, i64)> {
+    db.query(
+        "SELECT payment_id, count(*) FROM cashback_credits WHERE consumer = $1
+         GROUP BY payment_id HAVING count(*) > 1",
+        &[&consumer],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
