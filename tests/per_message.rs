@@ -3,10 +3,8 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
-use std::time::Duration;
-
 use common::{eventually, ledger, Fault, Faulty, Payment};
+use std::sync::atomic::Ordering;
 
 const PER_MESSAGE: &str = r#"strategy = "per-message""#;
 
@@ -177,7 +175,10 @@ async fn a_message_that_always_fails_is_parked_and_the_others_applied() {
     let dl = &parked[0];
     assert_eq!(dl.reason, "retries_exhausted", "{}", dl.detail);
     assert_eq!(dl.message_id, Some(poison.event_id));
-    assert_eq!((dl.topic.as_str(), dl.partition, dl.offset), (topic.as_str(), 0, 10));
+    assert_eq!(
+        (dl.topic.as_str(), dl.partition, dl.offset),
+        (topic.as_str(), 0, 10)
+    );
     assert_eq!(dl.payload.as_deref(), Some(poison.json().as_slice()));
     assert!(
         dl.attempts >= 3 || dl.detail.contains("3 attempt"),
@@ -196,77 +197,240 @@ async fn a_message_that_always_fails_is_parked_and_the_others_applied() {
     worker.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_killed_mid_stream_and_restarted_applies_everything_exactly_once() {
-    const N: usize = 200;
-    let topic = common::unique("pm-crash");
-    let consumer = common::unique("rewards");
-    common::create_topic(&topic, 1).await;
-    let users: Vec<String> = (0..5).map(|_| common::unique("u")).collect();
-    let payments: Vec<Payment> = (0..N)
-        .map(|i| Payment::new(&users[i % users.len()], 1_000 + i as i64 * 37))
-        .collect();
-    common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
+/// The crash scenario: `N` payments on one partition; the payment at `STUCK` belongs to a user
+/// whose wallet row the test keeps locked, so the worker applies the `STUCK` payments before it
+/// and then waits inside the transaction of the next one. The crash lands there, on a
+/// transaction in flight, every time.
+const N: usize = 200;
+const STUCK: usize = 100;
 
-    // Slowed down (about 10 ms per message) so the crash lands mid-stream.
-    let config = common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "custom", name = "slow" }"#,
-        PER_MESSAGE,
-    );
-    let slow = Faulty::new(Fault::SlowPerMessage(Duration::from_millis(10)));
-    let registry = Faulty::registry(&slow, "slow");
-    let db = common::pg().await;
+struct CrashScene {
+    topic: String,
+    consumer: String,
+    users: Vec<String>,
+    payments: Vec<Payment>,
+    db: tokio_postgres::Client,
+    /// A connection holding `FOR UPDATE` on the stuck user's wallet, in an open transaction.
+    blocker: tokio_postgres::Client,
+    blocker_pid: i32,
+}
 
-    let first = common::start_with(config.clone(), registry.clone()).await;
-    eventually(60, "at least 20 payments credited", || {
-        let (db, consumer) = (&db, &consumer);
-        async move { ledger(db, consumer).await.credits >= 20 }
-    })
-    .await;
-    // A crash: no stop, no drain, no leaving the group; the JoinSet aborts the tasks.
-    drop(first);
-    let t0 = std::time::Instant::now();
-    let at_crash = ledger(&db, &consumer).await;
-    assert!(
-        (at_crash.credits as usize) < N,
-        "the crash must land mid-stream: {at_crash:?}"
-    );
+impl CrashScene {
+    async fn new(prefix: &str) -> CrashScene {
+        let topic = common::unique(prefix);
+        let consumer = common::unique("rewards");
+        common::create_topic(&topic, 1).await;
+        let mut users: Vec<String> = (0..5).map(|_| common::unique("u")).collect();
+        let stuck_user = common::unique("stuck");
+        let payments: Vec<Payment> = (0..N)
+            .map(|i| {
+                let user = if i == STUCK {
+                    &stuck_user
+                } else {
+                    &users[i % users.len()]
+                };
+                Payment::new(user, 1_000 + i as i64 * 37)
+            })
+            .collect();
+        users.push(stuck_user.clone());
 
-    let second = common::start_with(config, registry).await;
-    eventually(90, "all payments credited after the restart", || {
-        let (db, consumer) = (&db, &consumer);
-        async move { ledger(db, consumer).await.dedupe_keys >= N as i64 }
-    })
-    .await;
-    eprintln!("DEBUG done after {:?}", t0.elapsed());
-    eventually(30, "the stored offset past the last record", || {
-        let (db, consumer, topic) = (&db, &consumer, &topic);
-        async move { common::stored_offset(db, consumer, topic, 0).await == Some(N as i64) }
-    })
-    .await;
-
-    let l = ledger(&db, &consumer).await;
-    let want: i64 = payments.iter().map(|p| p.amount_paise * 2 / 100).sum();
-    assert_eq!(l.credits, N as i64, "{l:?}");
-    assert_eq!(l.distinct_payments, N as i64);
-    assert_eq!(l.cashback_paise, want);
-    assert_eq!(l.dedupe_keys, N as i64);
-    assert_eq!(l.outbox, N as i64);
-    assert_eq!(l.parked, 0);
-    assert_eq!(common::doubly_credited(&db, &consumer).await, vec![]);
-    let distinct_events: i64 = db
-        .query_one(
-            "SELECT count(DISTINCT event_id) FROM cashback_credits WHERE consumer = $1",
-            &[&consumer],
+        let db = common::pg().await;
+        db.execute(
+            "INSERT INTO wallets (user_id, balance_paise) VALUES ($1, 0)",
+            &[&stuck_user],
         )
         .await
-        .unwrap()
-        .get(0);
-    assert_eq!(distinct_events, N as i64);
-    assert_eq!(common::wallet_total(&db, &users).await, want);
-    let s2 = second.stats(&consumer).unwrap().snapshot();
-    eprintln!("DEBUG at_crash={at_crash:?} second={s2:?} calls={}", slow.calls.load(Ordering::SeqCst));
-    second.stop().await.unwrap();
+        .unwrap();
+        let blocker = common::pg().await;
+        blocker.batch_execute("BEGIN").await.unwrap();
+        blocker
+            .query_one(
+                "SELECT user_id FROM wallets WHERE user_id = $1 FOR UPDATE",
+                &[&stuck_user],
+            )
+            .await
+            .unwrap();
+        let blocker_pid: i32 = blocker
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
+        CrashScene {
+            topic,
+            consumer,
+            users,
+            payments,
+            db,
+            blocker,
+            blocker_pid,
+        }
+    }
+
+    /// Waits until the first `STUCK` payments are credited and the next one's transaction waits
+    /// on the locked wallet.
+    async fn wait_until_stuck(&self) {
+        eventually(60, "STUCK payments credited, the next one waiting on the lock", || {
+            let scene = &self;
+            async move {
+                let credited = ledger(&scene.db, &scene.consumer).await.credits;
+                let waiting: i64 = scene
+                    .db
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                        &[&scene.blocker_pid],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                credited >= STUCK as i64 && waiting >= 1
+            }
+        })
+        .await;
+        let l = ledger(&self.db, &self.consumer).await;
+        assert_eq!(l.credits, STUCK as i64, "the crash lands mid-stream: {l:?}");
+        assert_eq!(l.dedupe_keys, STUCK as i64, "{l:?}");
+    }
+
+    async fn release(&self) {
+        self.blocker.batch_execute("ROLLBACK").await.unwrap();
+    }
+
+    fn config(&self) -> effectively::config::Config {
+        common::config(
+            &self.consumer,
+            &self.topic,
+            r#"{ kind = "cashback" }"#,
+            PER_MESSAGE,
+        )
+    }
+
+    /// Starts a worker, waits until it has applied everything, and checks the ledger is exact
+    /// and that this worker applied exactly the payments the crashed one had not committed.
+    async fn restart_and_check(&self, credited_before: i64) {
+        let second = common::start(self.config()).await;
+        let stats = second.stats(&self.consumer).unwrap();
+        eventually(90, "every payment applied after the restart", || {
+            let scene = &self;
+            async move { ledger(&scene.db, &scene.consumer).await.dedupe_keys >= N as i64 }
+        })
+        .await;
+        eventually(30, "the stored offset past the last record", || {
+            let scene = &self;
+            async move {
+                common::stored_offset(&scene.db, &scene.consumer, &scene.topic, 0).await
+                    == Some(N as i64)
+            }
+        })
+        .await;
+
+        let l = ledger(&self.db, &self.consumer).await;
+        let want: i64 = self.payments.iter().map(|p| p.amount_paise * 2 / 100).sum();
+        assert_eq!(l.credits, N as i64, "{l:?}");
+        assert_eq!(l.distinct_payments, N as i64, "{l:?}");
+        assert_eq!(l.cashback_paise, want, "{l:?}");
+        assert_eq!(l.dedupe_keys, N as i64, "{l:?}");
+        assert_eq!(l.outbox, N as i64, "{l:?}");
+        assert_eq!(l.parked, 0, "{l:?}");
+        assert_eq!(
+            common::doubly_credited(&self.db, &self.consumer).await,
+            vec![]
+        );
+        let distinct_events: i64 = self
+            .db
+            .query_one(
+                "SELECT count(DISTINCT event_id) FROM cashback_credits WHERE consumer = $1",
+                &[&self.consumer],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(distinct_events, N as i64);
+        assert_eq!(common::wallet_total(&self.db, &self.users).await, want);
+        // The crashed worker's transaction in flight rolled back, and it applied nothing after
+        // the crash: the new worker applied exactly the rest, starting at the stuck payment.
+        let s = stats.snapshot();
+        assert_eq!(
+            s.effects as i64,
+            N as i64 - credited_before,
+            "the restarted worker applies exactly what the crashed one had not committed: {s:?}"
+        );
+        assert_eq!(s.duplicates, 0, "{s:?}");
+        second.stop().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_dropped_mid_stream_and_restarted_applies_everything_exactly_once() {
+    let scene = CrashScene::new("pm-crash").await;
+    let first = common::start(scene.config()).await;
+    scene.wait_until_stuck().await;
+    // A crash: no stop, no drain, no leaving the group; the JoinSet aborts the tasks.
+    drop(first);
+    scene.release().await;
+    scene.restart_and_check(STUCK as i64).await;
+}
+
+/// Kills its process on drop, so a failing test leaves no worker behind.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_killed_mid_stream_and_restarted_applies_everything_exactly_once() {
+    let scene = CrashScene::new("pm-kill").await;
+    let dir = std::env::temp_dir();
+    let config_path = dir.join(format!("{}.toml", scene.consumer));
+    let log_path = dir.join(format!("{}.log", scene.consumer));
+    std::fs::write(
+        &config_path,
+        format!(
+            r#"
+[kafka]
+brokers = "{brokers}"
+session_timeout = "10s"
+[kafka.options]
+"heartbeat.interval.ms" = "500"
+[database]
+url = "{db}"
+pool_size = 4
+[worker]
+revoke_deadline = "5s"
+[[consumer]]
+name = "{consumer}"
+topics = ["{topic}"]
+handler = {{ kind = "cashback" }}
+{PER_MESSAGE}
+"#,
+            brokers = common::kafka_brokers(),
+            db = common::database_url(),
+            consumer = scene.consumer,
+            topic = scene.topic,
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut first = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_effectively"))
+            .arg("run")
+            .arg("--config")
+            .arg(&config_path)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start the effectively binary"),
+    );
+    scene.wait_until_stuck().await;
+    // SIGKILL: the process is gone at once, its transaction in flight with it.
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    scene.release().await;
+    scene.restart_and_check(STUCK as i64).await;
+    let _ = std::fs::remove_file(&config_path);
+    let _ = std::fs::remove_file(&log_path);
 }

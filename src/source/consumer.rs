@@ -204,6 +204,14 @@ struct Running {
     handle: JoinHandle<Exit>,
 }
 
+/// A partition task never outlives its coordinator: if the coordinator is dropped (the worker
+/// aborted, as in a crash), its tasks stop instead of consuming their queues unsupervised.
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
 impl Source {
     fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();

@@ -72,7 +72,7 @@ pub(crate) async fn drive(
 ) -> Result<Outcome, BatchError> {
     let mut out = Outcome::default();
     // Records the handler refused or that ran out of attempts, by index in the batch.
-    let mut rejected: HashMap<usize, Rejection> = HashMap::new();
+    let mut rejected: HashMap<usize, (Rejection, i32)> = HashMap::new();
     let n = batch.len();
     // A stack, last segment at the bottom, so segments commit in offset order.
     let mut todo: Vec<Segment> = (0..n)
@@ -113,7 +113,7 @@ pub(crate) async fn drive(
                             .map(|e| e.message_id);
                         let mut r = Rejection::new(Reason::HandlerRejected, why);
                         r.message_id = id;
-                        rejected.insert(idx, r);
+                        rejected.insert(idx, (r, attempts as i32 + 1));
                     }
                 }
                 Err(e @ (AttemptError::Transient(_) | AttemptError::Permanent(_))) => {
@@ -171,7 +171,7 @@ pub(crate) async fn drive(
                         .as_ref()
                         .ok()
                         .map(|e| e.message_id);
-                    rejected.insert(idx, r);
+                    rejected.insert(idx, (r, attempts as i32));
                 }
             }
         }
@@ -184,7 +184,7 @@ async fn attempt(
     ctx: &PartitionCtx,
     batch: &Batch,
     range: &Range<usize>,
-    rejected: &HashMap<usize, Rejection>,
+    rejected: &HashMap<usize, (Rejection, i32)>,
     shape: &Shape,
     body: &dyn Body,
 ) -> Result<Outcome, AttemptError> {
@@ -199,12 +199,12 @@ async fn attempt(
     for (i, rec) in records.iter().enumerate() {
         let idx = range.start + i;
         let verdict = match rejected.get(&idx) {
-            Some(r) => Err(r),
-            None => rec.decoded.as_ref(),
+            Some((r, attempts)) => Err((r, *attempts)),
+            None => rec.decoded.as_ref().map_err(|r| (r, 1)),
         };
         match verdict {
-            Err(rej) => {
-                parked.push(rec.raw.parked(&ctx.topic, rej, 1));
+            Err((rej, attempts)) => {
+                parked.push(rec.raw.parked(&ctx.topic, rej, attempts));
                 parked_reasons.push(rej.reason);
             }
             // A copy repeated inside the batch: the first copy wins, the rest are duplicates.

@@ -309,8 +309,6 @@ pub enum Fault {
     TransientOnAmount(i64),
     /// `HandlerError::Reject` naming every fresh message with this amount.
     RejectAmount(i64),
-    /// No fault; sleeps this long per fresh message (to slow a worker down).
-    SlowPerMessage(Duration),
 }
 
 /// A custom handler wrapping `Cashback::new(200)` that injects a [`Fault`].
@@ -384,9 +382,6 @@ impl Handler for Faulty {
                     self.injected.fetch_add(1, Ordering::SeqCst);
                     return Err(HandlerError::Reject(bad));
                 }
-            }
-            Fault::SlowPerMessage(pause) => {
-                tokio::time::sleep(pause * fresh.len() as u32).await;
             }
         }
         self.inner.apply(tx, ctx, fresh).await
