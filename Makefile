@@ -27,9 +27,12 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
+# Every test, then a short demo run (10 s at 500 msg/s, debug build) that must verify.
 test: up lint migrate
 	$(WITH_ENV) cargo test --workspace
+	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
 
-# Until the demo with loadgen lands: the smoke pipeline against the real services.
-demo: up migrate
-	$(WITH_ENV) cargo test --test smoke -- --nocapture
+# Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
+# half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE change it.
+demo: up
+	scripts/demo.sh

@@ -1,18 +1,28 @@
-//! loadgen: produces the seed's payment stream (`PaymentSucceeded` events) to a Kafka topic.
-//!
-//! This first version produces a fixed count, creating the topic if needed; rates, duplicate
-//! injection and the ledger verifier come with the loadgen issue.
+//! loadgen: produces the seed's payment stream with real-world duplicates, waits for the
+//! engine to drain it, and verifies the ledger: for every acknowledged unique payment exactly
+//! one effect, nothing unexpected, every poison record parked, wallets exact. Writes
+//! `report.json` and a self-contained `report.html`, and exits non-zero unless verified.
 
+mod produce;
+mod report;
+mod verify;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use rdkafka::ClientConfig;
-use serde::Serialize;
+
+use produce::{Kind, Mix, Progress, Run};
+use report::{LagPoint, LatencyPoint, RatePoint, Report};
 
 #[derive(Debug, Parser)]
 #[command(name = "loadgen", version, about)]
@@ -20,82 +30,394 @@ struct Args {
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     brokers: String,
-    /// Topic to produce to (created with `--partitions` if it does not exist).
+    /// PostgreSQL, for verification (the password is never printed).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        default_value = "postgres://postgres@127.0.0.1:5432/effectively"
+    )]
+    database_url: String,
+    /// Topic to produce to (created with --partitions if missing).
     #[arg(long, default_value = "payments")]
     topic: String,
     #[arg(long, default_value_t = 6)]
     partitions: i32,
-    /// How many events to produce.
-    #[arg(long, default_value_t = 1000)]
-    count: u64,
-    /// Number of distinct users the payments are spread over (the record key).
+    /// The engine consumer whose effects are verified.
+    #[arg(long, default_value = "rewards")]
+    consumer: String,
+    /// Target rate in payments/s: a number, or steps `500:20s,2000:20s,max:20s`.
+    #[arg(long, default_value = "2000")]
+    rate: String,
+    /// How long to produce at a plain rate.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Distinct users (the record key: a user's payments stay in one partition, in order).
     #[arg(long, default_value_t = 1000)]
     users: u64,
-}
-
-/// The seed's event: decisions (the amount) travel in the event, never read at apply time.
-#[derive(Debug, Serialize)]
-struct PaymentSucceeded {
-    event_id: uuid::Uuid,
-    payment_id: String,
-    user_id: String,
-    amount_paise: i64,
-    occurred_at: chrono::DateTime<chrono::Utc>,
+    /// Fraction of payments published twice at once (a relay resend).
+    #[arg(long, default_value_t = 0.10)]
+    resend_rate: f64,
+    /// Fraction of payments published again, byte for byte, after --redrive-delay.
+    #[arg(long, default_value_t = 0.01)]
+    redrive_rate: f64,
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    redrive_delay: Duration,
+    /// Fraction of payments tapped twice: a new event id for the same payment id.
+    #[arg(long, default_value_t = 0.01)]
+    double_tap_rate: f64,
+    /// Fraction of records that are poison (undecodable, or without an event id).
+    #[arg(long, default_value_t = 0.001)]
+    poison_rate: f64,
+    /// The cashback rate the engine applies, in basis points.
+    #[arg(long, default_value_t = 200)]
+    rate_bp: i64,
+    /// How long to wait for the engine to drain the topic after producing.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
+    /// Where report.json and report.html go.
+    #[arg(long, default_value = "target/loadgen")]
+    report_dir: PathBuf,
+    /// Seed of the random choices (amounts, users, which payments get duplicates).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Hide the progress bar (CI logs).
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt().with_env_filter("warn").init();
     let args = Args::parse();
+    match run(args).await {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::from(1),
+        Err(e) => {
+            eprintln!("loadgen: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<bool> {
+    let plan = produce::parse_plan(&args.rate, args.duration).map_err(anyhow::Error::msg)?;
+    let mix = Mix {
+        resend: args.resend_rate,
+        redrive: args.redrive_rate,
+        redrive_delay: args.redrive_delay,
+        double_tap: args.double_tap_rate,
+        poison: args.poison_rate,
+    };
+    let (db, conn) = tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls)
+        .await
+        .context("connecting to PostgreSQL for verification")?;
+    tokio::spawn(conn);
+    let db = Arc::new(db);
     ensure_topic(&args).await?;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &args.brokers)
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "1000000")
         .create()
         .context("creating the producer")?;
-    let started = Instant::now();
-    let mut pending = Vec::with_capacity(args.count as usize);
-    for i in 0..args.count {
-        let event_id = uuid::Uuid::now_v7();
-        let event = PaymentSucceeded {
-            event_id,
-            payment_id: format!("pay_{}", event_id.simple()),
-            user_id: format!("u_{}", i % args.users.max(1)),
-            amount_paise: 100 * (1 + (i as i64 * 7919) % 5000),
-            occurred_at: chrono::Utc::now(),
-        };
-        let payload = serde_json::to_vec(&event)?;
-        let producer = producer.clone();
-        let topic = args.topic.clone();
-        pending.push(tokio::spawn(async move {
-            let id = event.event_id.to_string();
-            let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
-                key: "event_id",
-                value: Some(id.as_bytes()),
-            });
-            let record = FutureRecord::to(&topic)
-                .key(&event.user_id)
-                .payload(&payload)
-                .headers(headers);
-            producer.send(record, Duration::from_secs(30)).await
-        }));
-    }
-    let mut acked = 0u64;
-    for p in pending {
-        if p.await?.is_ok() {
-            acked += 1;
-        }
-    }
-    println!(
-        "produced {} of {} events to {} in {:.2?}",
-        acked,
-        args.count,
-        args.topic,
-        started.elapsed()
+
+    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let run = Run {
+        id: format!("{:08x}", rng.u32(..)),
+        topic: args.topic.clone(),
+        users: args.users,
+        started: Instant::now(),
+    };
+    let started_at = chrono::Utc::now();
+    let offered = plan_summary(&plan);
+    eprintln!(
+        "loadgen run {} (seed {seed}): {} to {} ({} partitions), verifying consumer {:?}",
+        run.id, offered.0, args.topic, args.partitions, args.consumer
     );
-    anyhow::ensure!(acked == args.count, "not every event was acknowledged");
-    Ok(())
+
+    // Lag, sampled every second for the whole run.
+    let lag: Arc<Mutex<Vec<LagPoint>>> = Arc::default();
+    let watcher = LagWatcher::new(&args)?;
+    let sampler = {
+        let (lag, db, watcher, consumer, started) = (
+            Arc::clone(&lag),
+            Arc::clone(&db),
+            watcher.clone(),
+            args.consumer.clone(),
+            run.started,
+        );
+        tokio::spawn(async move {
+            loop {
+                if let Ok(l) = watcher.lag(&db, &consumer).await {
+                    lag.lock().unwrap().push(LagPoint {
+                        t_s: started.elapsed().as_secs_f64(),
+                        lag: l,
+                    });
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+
+    let progress = Arc::new(Progress::default());
+    let bar = (!args.quiet).then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
+                .expect("a valid template"),
+        );
+        bar
+    });
+    let ticker = {
+        let (progress, bar, lag) = (Arc::clone(&progress), bar.clone(), Arc::clone(&lag));
+        tokio::spawn(async move {
+            loop {
+                if let Some(bar) = &bar {
+                    let l = lag.lock().unwrap().last().map_or(0, |p| p.lag);
+                    bar.set_message(format!(
+                        "sent {} acked {} lag {l}",
+                        progress.sent.load(Relaxed),
+                        progress.acked.load(Relaxed)
+                    ));
+                    bar.tick();
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let log = produce::produce(
+        &producer,
+        &run,
+        &plan,
+        &mix,
+        &mut rng,
+        Arc::clone(&progress),
+    )
+    .await;
+    let duration_s = run.started.elapsed().as_secs_f64();
+
+    // Drain: until the engine's stored offsets reach the end of every partition.
+    let drain_start = Instant::now();
+    let drained = loop {
+        match watcher.lag(&db, &args.consumer).await {
+            Ok(0) => break true,
+            Ok(_) | Err(_) if drain_start.elapsed() > args.drain_timeout => break false,
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    };
+    ticker.abort();
+    sampler.abort();
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if !drained {
+        eprintln!(
+            "loadgen: the engine did not drain the topic within {:?}",
+            args.drain_timeout
+        );
+    }
+
+    let expected = verify::Expected::from_log(&log, args.rate_bp);
+    let (observed, latencies) = verify::observe(&db, &args.consumer, &run, started_at).await?;
+    let verdict = verify::check(&expected, &observed);
+    let lag = lag.lock().unwrap().clone();
+    let report = build_report(
+        &offered, duration_s, &log, &expected, &verdict, &latencies, lag,
+    );
+    let json = args.report_dir.join("report.json");
+    let html = args.report_dir.join("report.html");
+    report::write_json(&report, &json)?;
+    report::write_html(&report, &html)?;
+    println!("{}", report::summary_table(&report));
+    println!("report: {} and {}", json.display(), html.display());
+    Ok(report.verified)
+}
+
+/// (a description, the mean offered rate) of a plan.
+fn plan_summary(plan: &[produce::Step]) -> (String, f64) {
+    let parts: Vec<String> = plan
+        .iter()
+        .map(|s| match s.rate {
+            Some(r) => format!("{r}/s for {}", humantime::format_duration(s.duration)),
+            None => format!("max for {}", humantime::format_duration(s.duration)),
+        })
+        .collect();
+    let total: f64 = plan.iter().map(|s| s.duration.as_secs_f64()).sum();
+    let rated: f64 = plan
+        .iter()
+        .filter_map(|s| s.rate.map(|r| r * s.duration.as_secs_f64()))
+        .sum();
+    (
+        parts.join(" -> "),
+        if total > 0.0 { rated / total } else { 0.0 },
+    )
+}
+
+fn build_report(
+    offered: &(String, f64),
+    duration_s: f64,
+    log: &[produce::Sent],
+    expected: &verify::Expected,
+    verdict: &verify::Verdict,
+    latencies: &[(f64, f64)],
+    lag: Vec<LagPoint>,
+) -> Report {
+    let mut hist = latency_histogram();
+    for (_, ms) in latencies {
+        hist.saturating_record((ms * 1000.0) as u64);
+    }
+    let pct = |h: &hdrhistogram::Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    // Per second of commit time.
+    let mut per_second: std::collections::BTreeMap<i64, hdrhistogram::Histogram<u64>> =
+        Default::default();
+    for (t, ms) in latencies {
+        per_second
+            .entry(t.floor() as i64)
+            .or_insert_with(latency_histogram)
+            .saturating_record((ms * 1000.0) as u64);
+    }
+    let latency_series = per_second
+        .iter()
+        .map(|(t, h)| LatencyPoint {
+            t_s: *t as f64,
+            p50: pct(h, 0.5),
+            p99: pct(h, 0.99),
+            p999: pct(h, 0.999),
+            max: h.max() as f64 / 1000.0,
+        })
+        .collect();
+    let throughput = per_second
+        .iter()
+        .map(|(t, h)| RatePoint {
+            t_s: *t as f64,
+            per_s: h.len() as f64,
+        })
+        .collect();
+    let mut acked_per_s: std::collections::BTreeMap<i64, u64> = Default::default();
+    for s in log.iter().filter(|s| s.acked) {
+        *acked_per_s.entry(s.acked_at_s.floor() as i64).or_default() += 1;
+    }
+    let produced = acked_per_s
+        .iter()
+        .map(|(t, n)| RatePoint {
+            t_s: *t as f64,
+            per_s: *n as f64,
+        })
+        .collect();
+    let span = match (
+        latencies.iter().map(|l| l.0).reduce(f64::min),
+        latencies.iter().map(|l| l.0).reduce(f64::max),
+    ) {
+        (Some(a), Some(b)) => (b - a).max(1.0),
+        _ => 1.0,
+    };
+    let first20 = |v: &[String]| v.iter().take(20).cloned().collect::<Vec<_>>();
+    let ms: Vec<f64> = latencies.iter().map(|l| l.1).collect();
+    Report {
+        offered_rate: offered.1,
+        rate_plan: offered.0.clone(),
+        duration_s,
+        sent: log.len() as u64,
+        acked: log.iter().filter(|s| s.acked).count() as u64,
+        unique_events: expected.payments.len() as u64,
+        duplicates_sent: report::DuplicatesSent {
+            resend: verify::count_kind(log, Kind::Resend),
+            redrive: verify::count_kind(log, Kind::Redrive),
+            double_tap: verify::count_kind(log, Kind::DoubleTap),
+        },
+        poison_sent: expected.poison,
+        effects: verdict.effects,
+        lost: verdict.lost.len() as u64,
+        duplicated: verdict.duplicated.len() as u64,
+        unexpected: verdict.unexpected.len() as u64,
+        parked: verdict.parked,
+        wallet_mismatches: verdict.wallet_mismatches.len() as u64,
+        throughput_msg_s: latencies.len() as f64 / span,
+        latency_ms: report::Latency {
+            p50: pct(&hist, 0.5),
+            p90: pct(&hist, 0.9),
+            p99: pct(&hist, 0.99),
+            p999: pct(&hist, 0.999),
+            max: hist.max() as f64 / 1000.0,
+        },
+        verified: verdict.verified,
+        anomalies: report::Anomalies {
+            lost: first20(&verdict.lost),
+            duplicated: first20(&verdict.duplicated),
+            unexpected: first20(&verdict.unexpected),
+            wallets: first20(&verdict.wallet_mismatches),
+            parked_not_poison: first20(&verdict.parked_not_poison),
+        },
+        series: report::Series {
+            latency: latency_series,
+            histogram: report::histogram_buckets(&ms),
+            throughput,
+            produced,
+            lag,
+        },
+    }
+}
+
+/// Microseconds from 1 µs to an hour, 3 significant digits. Fixed bounds: an auto-resizing
+/// histogram's `saturating_record` saturates at its initial tiny bound instead of growing.
+fn latency_histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
+}
+
+/// Consumer lag: the partitions' high watermarks minus the offsets stored in PostgreSQL.
+#[derive(Clone)]
+struct LagWatcher {
+    client: Arc<BaseConsumer>,
+    topic: String,
+    partitions: i32,
+}
+
+impl LagWatcher {
+    fn new(args: &Args) -> anyhow::Result<Self> {
+        let client: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &args.brokers)
+            .create()
+            .context("creating the lag watcher")?;
+        Ok(LagWatcher {
+            client: Arc::new(client),
+            topic: args.topic.clone(),
+            partitions: args.partitions,
+        })
+    }
+
+    async fn lag(&self, db: &tokio_postgres::Client, consumer: &str) -> anyhow::Result<i64> {
+        let me = self.clone();
+        let marks = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<(i64, i64)>> {
+            (0..me.partitions)
+                .map(|p| {
+                    Ok(me
+                        .client
+                        .fetch_watermarks(&me.topic, p, Duration::from_secs(5))?)
+                })
+                .collect()
+        })
+        .await??;
+        let rows = db
+            .query(
+                "SELECT partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $2",
+                &[&consumer, &self.topic],
+            )
+            .await?;
+        let stored: std::collections::HashMap<i32, i64> = rows
+            .iter()
+            .filter_map(|r| r.get::<_, Option<i64>>(1).map(|o| (r.get::<_, i32>(0), o)))
+            .collect();
+        Ok(marks
+            .iter()
+            .enumerate()
+            .map(|(p, (low, high))| {
+                high - stored.get(&(p as i32)).copied().unwrap_or(*low).max(*low)
+            })
+            .sum())
+    }
 }
 
 async fn ensure_topic(args: &Args) -> anyhow::Result<()> {
