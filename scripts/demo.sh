@@ -74,6 +74,12 @@ say "starting workers a and b (logs: $OUT/worker-*.log)"
 : >"$OUT/worker-a.log"; : >"$OUT/worker-b.log"
 start_worker a
 start_worker b
+# Let the group form first: both workers have claimed partitions in PostgreSQL.
+for _ in $(seq 1 60); do
+  owners=$(psql "$DATABASE_URL" -XtAc "SELECT count(DISTINCT owner) FROM consumer_offsets WHERE consumer = '$CONSUMER'")
+  [ "$owners" -ge 2 ] && break
+  sleep 0.5
+done
 
 say "loadgen: $RATE/s for ${SECONDS_}s, 10% resends, 1% redrives, 1% double taps, 0.1% poison"
 "$BIN/loadgen" --topic "$TOPIC" --partitions "$PARTITIONS" --consumer "$CONSUMER" \

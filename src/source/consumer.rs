@@ -218,7 +218,10 @@ impl Source {
         c.set("bootstrap.servers", &self.kafka.brokers)
             .set("group.id", self.config.group_id())
             .set("client.id", format!("effectively-{}", self.worker_id))
-            .set("enable.auto.commit", "false")
+            // Offsets are stored by hand after each PostgreSQL commit, and only those are
+            // committed to Kafka, in the background, on revocation and on close.
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
             .set("enable.auto.offset.store", "false")
             .set(
                 "auto.offset.reset",

@@ -4,13 +4,13 @@
 //! Batches are bounded by count, bytes and linger. A batch is flushed as soon as the partition
 //! has nothing more waiting, so a quiet stream is not delayed; under load, records pile up while
 //! the previous batch commits, and the next batch is larger (group commit, without a timer).
+//! After each PostgreSQL commit the offset is stored for librdkafka's background commit.
 
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::FutureExt;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -52,23 +52,17 @@ pub enum Exit {
 impl PartitionTask {
     pub async fn run(mut self) -> Exit {
         let cancel = self.ctx.cancel.clone();
-        // The last offset committed to PostgreSQL by this task, committed to Kafka once more,
-        // synchronously, when the task stops: async commits may still be in flight then.
-        let last_committed = Arc::new(AtomicI64::new(-1));
-        let exit = loop {
+        loop {
             let batch = match self.next_batch(&cancel).await {
                 Some(b) => b,
-                None => break Exit::Stopped,
+                None => return Exit::Stopped,
             };
             if batch.is_empty() {
                 continue;
             }
             let committed = |next: i64| {
-                last_committed.store(next, Relaxed);
                 self.stats.committed_offset(self.ctx.partition, next);
-                // Kafka's committed offset only serves lag monitoring and tools; PostgreSQL is
-                // the truth. Async: a lost commit costs nothing but a stale lag figure.
-                self.commit_to_kafka(next, CommitMode::Async);
+                self.store_offset(next);
             };
             let last = batch.next_offset();
             let started = Instant::now();
@@ -77,33 +71,33 @@ impl PartitionTask {
                     self.next_offset = last;
                     self.stats.batch(&outcome, started.elapsed());
                 }
-                Err(BatchError::Cancelled) => break Exit::Stopped,
+                Err(BatchError::Cancelled) => return Exit::Stopped,
                 Err(BatchError::Fenced) => {
                     self.stats.fenced();
                     tracing::warn!(consumer = %self.ctx.consumer, topic = %self.ctx.topic,
                         partition = self.ctx.partition, epoch = self.ctx.epoch,
                         "fenced: another worker claimed this partition; batch rolled back");
-                    break Exit::Fenced;
+                    return Exit::Fenced;
                 }
-                Err(BatchError::Fatal(t)) => break Exit::Fatal(t),
+                Err(BatchError::Fatal(t)) => return Exit::Fatal(t),
             }
-        };
-        let last = last_committed.load(Relaxed);
-        if matches!(exit, Exit::Stopped) && last >= 0 {
-            self.commit_to_kafka(last, CommitMode::Sync);
         }
-        exit
     }
 
-    fn commit_to_kafka(&self, next: i64, mode: CommitMode) {
+    /// Hands the offset PostgreSQL just committed to librdkafka, which commits it to Kafka in
+    /// the background (`auto.commit.interval.ms`), on revocation and on close. Kafka's committed
+    /// offset only serves lag monitoring and tools, and is never ahead of PostgreSQL's. (A
+    /// commit request per batch would queue the group coordinator's heartbeats behind hundreds
+    /// of commits a second, and the member would lose its session under load.)
+    fn store_offset(&self, next: i64) {
         let mut tpl = TopicPartitionList::new();
         if tpl
             .add_partition_offset(&self.ctx.topic, self.ctx.partition, Offset::Offset(next))
             .is_ok()
         {
-            if let Err(e) = self.consumer.commit(&tpl, mode) {
+            if let Err(e) = self.consumer.store_offsets(&tpl) {
                 tracing::debug!(consumer = %self.ctx.consumer, topic = %self.ctx.topic,
-                    partition = self.ctx.partition, error = %e, "kafka offset commit failed");
+                    partition = self.ctx.partition, error = %e, "storing the kafka offset failed");
             }
         }
     }
