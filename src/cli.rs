@@ -46,6 +46,19 @@ pub enum Command {
     },
     /// Print a complete, commented example config.
     ExampleConfig,
+    /// Benchmark: the batch transaction driven straight against PostgreSQL, no Kafka.
+    /// Prints one JSON object (used by `make bench`).
+    #[command(hide = true)]
+    BenchCeiling {
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+        #[arg(long, default_value_t = 100_000)]
+        messages: usize,
+        #[arg(long, default_value_t = 1_000)]
+        batch: usize,
+    },
 }
 
 /// Runs a parsed command line to completion.
@@ -112,6 +125,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::ExampleConfig => {
             print!("{}", crate::config::EXAMPLE);
+            Ok(())
+        }
+        Command::BenchCeiling {
+            database_url,
+            connections,
+            messages,
+            batch,
+        } => {
+            let c = crate::ceiling::run(&database_url, connections, messages, batch).await?;
+            println!("{}", serde_json::to_string(&c)?);
             Ok(())
         }
     }

@@ -22,9 +22,10 @@
 //!   ([`store::dedupe`]), daily partitions ([`store::partitions`]), dead letters
 //!   ([`store::dead_letters`]), migrations ([`store::migrate`]).
 //! - [`batch`], [`envelope`] (decoding a record: message id, event date, rejections),
-//!   [`config`], [`stats`].
+//!   [`config`], [`stats`]; [`ceiling`], the SQL ceiling benchmark.
 
 pub mod batch;
+pub mod ceiling;
 pub mod cli;
 pub mod config;
 pub mod envelope;

@@ -3,6 +3,7 @@
 //! one effect, nothing unexpected, every poison record parked, wallets exact. Writes
 //! `report.json` and a self-contained `report.html`, and exits non-zero unless verified.
 
+mod bench;
 mod produce;
 mod report;
 mod verify;
@@ -24,8 +25,7 @@ use rdkafka::ClientConfig;
 use produce::{Kind, Mix, Progress, Run};
 use report::{LagPoint, LatencyPoint, RatePoint, Report};
 
-#[derive(Debug, Parser)]
-#[command(name = "loadgen", version, about)]
+#[derive(Debug, clap::Args)]
 struct Args {
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
@@ -52,6 +52,9 @@ struct Args {
     /// How long to produce at a plain rate.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     duration: Duration,
+    /// Stop after this many payments, even if the rate plan goes on.
+    #[arg(long)]
+    count: Option<u64>,
     /// Distinct users (the record key: a user's payments stay in one partition, in order).
     #[arg(long, default_value_t = 1000)]
     users: u64,
@@ -86,11 +89,36 @@ struct Args {
     quiet: bool,
 }
 
+#[derive(Debug, Parser)]
+#[command(
+    name = "loadgen",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: Args,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// `make bench`: the SQL ceiling, the batch and per-message strategies draining a
+    /// pre-filled topic, and latency at 500 and 2,000 msg/s, side by side in one run.
+    Bench(bench::BenchArgs),
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt().with_env_filter("warn").init();
-    let args = Args::parse();
-    match run(args).await {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Bench(b)) => bench::run(b).await,
+        None => run(cli.run).await,
+    };
+    match result {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => std::process::ExitCode::from(1),
         Err(e) => {
@@ -100,53 +128,144 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<bool> {
-    let plan = produce::parse_plan(&args.rate, args.duration).map_err(anyhow::Error::msg)?;
-    let mix = Mix {
-        resend: args.resend_rate,
-        redrive: args.redrive_rate,
-        redrive_delay: args.redrive_delay,
-        double_tap: args.double_tap_rate,
-        poison: args.poison_rate,
-    };
-    let (db, conn) = tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls)
-        .await
-        .context("connecting to PostgreSQL for verification")?;
-    tokio::spawn(conn);
-    let db = Arc::new(db);
-    ensure_topic(&args).await?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &args.brokers)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()
-        .context("creating the producer")?;
+/// Everything one load run needs, from the command line or from the benchmark.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub brokers: String,
+    pub database_url: String,
+    pub topic: String,
+    pub partitions: i32,
+    pub consumer: String,
+    pub plan: Vec<produce::Step>,
+    /// Stop after this many payments even if the plan goes on.
+    pub limit: Option<u64>,
+    pub mix: Mix,
+    pub users: u64,
+    pub rate_bp: i64,
+    pub drain_timeout: Duration,
+    pub report_dir: PathBuf,
+    pub seed: Option<u64>,
+    pub quiet: bool,
+}
 
-    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+impl Spec {
+    fn from_args(args: &Args) -> anyhow::Result<Spec> {
+        Ok(Spec {
+            brokers: args.brokers.clone(),
+            database_url: args.database_url.clone(),
+            topic: args.topic.clone(),
+            partitions: args.partitions,
+            consumer: args.consumer.clone(),
+            plan: produce::parse_plan(&args.rate, args.duration).map_err(anyhow::Error::msg)?,
+            limit: args.count,
+            mix: Mix {
+                resend: args.resend_rate,
+                redrive: args.redrive_rate,
+                redrive_delay: args.redrive_delay,
+                double_tap: args.double_tap_rate,
+                poison: args.poison_rate,
+            },
+            users: args.users,
+            rate_bp: args.rate_bp,
+            drain_timeout: args.drain_timeout,
+            report_dir: args.report_dir.clone(),
+            seed: args.seed,
+            quiet: args.quiet,
+        })
+    }
+}
+
+/// Connections one run uses.
+pub struct Session {
+    db: Arc<tokio_postgres::Client>,
+    producer: FutureProducer,
+    watcher: LagWatcher,
+}
+
+impl Session {
+    pub async fn open(spec: &Spec) -> anyhow::Result<Session> {
+        let (db, conn) = tokio_postgres::connect(&spec.database_url, tokio_postgres::NoTls)
+            .await
+            .context("connecting to PostgreSQL for verification")?;
+        tokio::spawn(conn);
+        ensure_topic(&spec.brokers, &spec.topic, spec.partitions).await?;
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &spec.brokers)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()
+            .context("creating the producer")?;
+        Ok(Session {
+            db: Arc::new(db),
+            producer,
+            watcher: LagWatcher::new(&spec.brokers, &spec.topic, spec.partitions)?,
+        })
+    }
+}
+
+/// What producing left for the verification.
+pub struct Produced {
+    run: Run,
+    started_at: chrono::DateTime<chrono::Utc>,
+    duration_s: f64,
+    log: Vec<produce::Sent>,
+    lag: Arc<Mutex<Vec<LagPoint>>>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+impl Produced {
+    /// Records the broker acknowledged.
+    pub fn acked(&self) -> u64 {
+        self.log.iter().filter(|s| s.acked).count() as u64
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<bool> {
+    let spec = Spec::from_args(&args)?;
+    let session = Session::open(&spec).await?;
+    let produced = produce_stage(&session, &spec).await?;
+    let report = finish_stage(&session, &spec, produced).await?;
+    println!("{}", report::summary_table(&report));
+    println!(
+        "report: {} and {}",
+        spec.report_dir.join("report.json").display(),
+        spec.report_dir.join("report.html").display()
+    );
+    Ok(report.verified)
+}
+
+/// Produces the spec's stream, sampling the consumer's lag every second (until the run is
+/// finished).
+pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Produced> {
+    let seed = spec.seed.unwrap_or_else(|| fastrand::u64(..));
     let mut rng = fastrand::Rng::with_seed(seed);
     let run = Run {
         id: format!("{:08x}", rng.u32(..)),
-        topic: args.topic.clone(),
-        users: args.users,
+        topic: spec.topic.clone(),
+        users: spec.users,
         started: Instant::now(),
     };
     let started_at = chrono::Utc::now();
-    let offered = plan_summary(&plan);
+    let offered = plan_summary(&spec.plan);
     eprintln!(
-        "loadgen run {} (seed {seed}): {} to {} ({} partitions), verifying consumer {:?}",
-        run.id, offered.0, args.topic, args.partitions, args.consumer
+        "loadgen run {} (seed {seed}): {}{} to {} ({} partitions), verifying consumer {:?}",
+        run.id,
+        offered.0,
+        spec.limit
+            .map(|l| format!(", at most {l} payments"))
+            .unwrap_or_default(),
+        spec.topic,
+        spec.partitions,
+        spec.consumer
     );
-
-    // Lag, sampled every second for the whole run.
     let lag: Arc<Mutex<Vec<LagPoint>>> = Arc::default();
-    let watcher = LagWatcher::new(&args)?;
     let sampler = {
         let (lag, db, watcher, consumer, started) = (
             Arc::clone(&lag),
-            Arc::clone(&db),
-            watcher.clone(),
-            args.consumer.clone(),
+            Arc::clone(&session.db),
+            session.watcher.clone(),
+            spec.consumer.clone(),
             run.started,
         );
         tokio::spawn(async move {
@@ -161,9 +280,8 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             }
         })
     };
-
     let progress = Arc::new(Progress::default());
-    let bar = (!args.quiet).then(|| {
+    let bar = (!spec.quiet).then(|| {
         let bar = indicatif::ProgressBar::new_spinner();
         bar.set_style(
             indicatif::ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
@@ -189,51 +307,74 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         })
     };
     let log = produce::produce(
-        &producer,
+        &session.producer,
         &run,
-        &plan,
-        &mix,
+        &spec.plan,
+        spec.limit,
+        &spec.mix,
         &mut rng,
         Arc::clone(&progress),
     )
     .await;
     let duration_s = run.started.elapsed().as_secs_f64();
-
-    // Drain: until the engine's stored offsets reach the end of every partition.
-    let drain_start = Instant::now();
-    let drained = loop {
-        match watcher.lag(&db, &args.consumer).await {
-            Ok(0) => break true,
-            Ok(_) | Err(_) if drain_start.elapsed() > args.drain_timeout => break false,
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    };
     ticker.abort();
-    sampler.abort();
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    Ok(Produced {
+        run,
+        started_at,
+        duration_s,
+        log,
+        lag,
+        sampler,
+    })
+}
+
+/// Waits for the engine to drain the topic, verifies the ledger, writes the reports.
+pub async fn finish_stage(
+    session: &Session,
+    spec: &Spec,
+    produced: Produced,
+) -> anyhow::Result<Report> {
+    let drain_start = Instant::now();
+    let drained = loop {
+        match session.watcher.lag(&session.db, &spec.consumer).await {
+            Ok(0) => break true,
+            Ok(_) | Err(_) if drain_start.elapsed() > spec.drain_timeout => break false,
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    };
+    produced.sampler.abort();
     if !drained {
         eprintln!(
             "loadgen: the engine did not drain the topic within {:?}",
-            args.drain_timeout
+            spec.drain_timeout
         );
     }
-
-    let expected = verify::Expected::from_log(&log, args.rate_bp);
-    let (observed, latencies) = verify::observe(&db, &args.consumer, &run, started_at).await?;
+    let expected = verify::Expected::from_log(&produced.log, spec.rate_bp);
+    let (observed, latencies) = verify::observe(
+        &session.db,
+        &spec.consumer,
+        &produced.run,
+        produced.started_at,
+    )
+    .await?;
     let verdict = verify::check(&expected, &observed);
-    let lag = lag.lock().unwrap().clone();
+    let lag = produced.lag.lock().unwrap().clone();
+    let offered = plan_summary(&spec.plan);
     let report = build_report(
-        &offered, duration_s, &log, &expected, &verdict, &latencies, lag,
+        &offered,
+        produced.duration_s,
+        &produced.log,
+        &expected,
+        &verdict,
+        &latencies,
+        lag,
     );
-    let json = args.report_dir.join("report.json");
-    let html = args.report_dir.join("report.html");
-    report::write_json(&report, &json)?;
-    report::write_html(&report, &html)?;
-    println!("{}", report::summary_table(&report));
-    println!("report: {} and {}", json.display(), html.display());
-    Ok(report.verified)
+    report::write_json(&report, &spec.report_dir.join("report.json"))?;
+    report::write_html(&report, &spec.report_dir.join("report.html"))?;
+    Ok(report)
 }
 
 /// (a description, the mean offered rate) of a plan.
@@ -311,8 +452,8 @@ fn build_report(
         latencies.iter().map(|l| l.0).reduce(f64::min),
         latencies.iter().map(|l| l.0).reduce(f64::max),
     ) {
-        (Some(a), Some(b)) => (b - a).max(1.0),
-        _ => 1.0,
+        (Some(a), Some(b)) => (b - a).max(1e-3),
+        _ => 0.0,
     };
     let first20 = |v: &[String]| v.iter().take(20).cloned().collect::<Vec<_>>();
     let ms: Vec<f64> = latencies.iter().map(|l| l.1).collect();
@@ -335,7 +476,12 @@ fn build_report(
         unexpected: verdict.unexpected.len() as u64,
         parked: verdict.parked,
         wallet_mismatches: verdict.wallet_mismatches.len() as u64,
-        throughput_msg_s: latencies.len() as f64 / span,
+        throughput_msg_s: if span > 0.0 {
+            latencies.len() as f64 / span
+        } else {
+            0.0
+        },
+        commit_span_s: span,
         latency_ms: report::Latency {
             p50: pct(&hist, 0.5),
             p90: pct(&hist, 0.9),
@@ -376,15 +522,15 @@ struct LagWatcher {
 }
 
 impl LagWatcher {
-    fn new(args: &Args) -> anyhow::Result<Self> {
+    fn new(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Self> {
         let client: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &args.brokers)
+            .set("bootstrap.servers", brokers)
             .create()
             .context("creating the lag watcher")?;
         Ok(LagWatcher {
             client: Arc::new(client),
-            topic: args.topic.clone(),
-            partitions: args.partitions,
+            topic: topic.to_string(),
+            partitions,
         })
     }
 
@@ -420,17 +566,13 @@ impl LagWatcher {
     }
 }
 
-async fn ensure_topic(args: &Args) -> anyhow::Result<()> {
+async fn ensure_topic(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &args.brokers)
+        .set("bootstrap.servers", brokers)
         .create()?;
     let results = admin
         .create_topics(
-            &[NewTopic::new(
-                &args.topic,
-                args.partitions,
-                TopicReplication::Fixed(1),
-            )],
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
             &AdminOptions::new(),
         )
         .await?;

@@ -122,11 +122,13 @@ pub struct Progress {
     pub acked: AtomicU64,
 }
 
-/// Produces the plan, then the redrives still due, and waits for every acknowledgement.
+/// Produces the plan (or `limit` payments, whichever ends first), then the redrives still
+/// due, and waits for every acknowledgement.
 pub async fn produce(
     producer: &FutureProducer,
     run: &Run,
     plan: &[Step],
+    limit: Option<u64>,
     mix: &Mix,
     rng: &mut fastrand::Rng,
     progress: Arc<Progress>,
@@ -163,16 +165,20 @@ pub async fn produce(
         }
     };
 
-    for step in plan {
+    let limit = limit.unwrap_or(u64::MAX);
+    'plan: for step in plan {
         let step_start = Instant::now();
         let mut step_sent: u64 = 0;
         while step_start.elapsed() < step.duration {
+            if seq >= limit {
+                break 'plan;
+            }
             // How many payments this step should have produced by now.
             let due = match step.rate {
                 Some(r) => (step_start.elapsed().as_secs_f64() * r) as u64 + 1,
                 None => step_sent + 256,
             };
-            while step_sent < due && inflight.len() < MAX_INFLIGHT {
+            while step_sent < due && inflight.len() < MAX_INFLIGHT && seq < limit {
                 for rec in next_records(run, mix, rng, &mut seq, &mut redrives) {
                     let idx = log.len();
                     log.push(rec.sent.clone());

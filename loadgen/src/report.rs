@@ -34,6 +34,7 @@ pub struct Report {
     pub parked: u64,
     pub wallet_mismatches: u64, // users whose wallet differs from 2% of their unique payments
     pub throughput_msg_s: f64,  // effects per second, first to last effect commit
+    pub commit_span_s: f64,     // seconds from the first to the last effect commit
     pub latency_ms: Latency,
     pub verified: bool,
     pub anomalies: Anomalies,

@@ -1,0 +1,387 @@
+//! `loadgen bench` (`make bench`): every number side by side, one run, one machine.
+//!
+//! 1. the SQL ceiling: the batch transaction straight against PostgreSQL, no Kafka
+//!    (`effectively bench-ceiling`), with one and with two connections;
+//! 2. the batch strategy draining a pre-filled topic (6 partitions, 10% resends), one worker;
+//! 3. the per-message strategy draining the same kind of data;
+//! 4. end-to-end latency at offered 500 and 2,000 msg/s;
+//! 5. the draining worker's peak RSS and CPU time per message, from `/proc`.
+//!
+//! Every drain and latency run is verified exactly-once by the same checker as the demo.
+//! Absolute numbers depend on the machine; the ratios are what to compare.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::produce::{Mix, Step};
+use crate::{finish_stage, produce_stage, Session, Spec};
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    brokers: String,
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        default_value = "postgres://postgres@127.0.0.1:5432/effectively"
+    )]
+    database_url: String,
+    /// `full` (1,000,000 events for the batch drain) or `quick` (about 2 minutes in all), or a
+    /// number that multiplies the full sizes.
+    #[arg(long, env = "BENCH_SCALE", default_value = "full")]
+    scale: String,
+    /// The engine's binary (default: `effectively` next to this one).
+    #[arg(long)]
+    effectively: Option<PathBuf>,
+    /// Where report.json and the runs' reports and worker logs go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+}
+
+struct Sizes {
+    ceiling: u64,
+    batch: u64,
+    per_message: u64,
+    latency: Duration,
+}
+
+impl Sizes {
+    fn from_scale(scale: &str) -> anyhow::Result<Sizes> {
+        let f = match scale {
+            "full" => 1.0,
+            "quick" => 0.1,
+            n => n
+                .parse::<f64>()
+                .context("BENCH_SCALE must be full, quick or a number")?,
+        };
+        Ok(Sizes {
+            ceiling: ((200_000.0 * f) as u64).max(2_000),
+            batch: ((1_000_000.0 * f) as u64).max(1_000),
+            per_message: ((20_000.0 * f) as u64).max(5_000),
+            latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
+        })
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Percentiles {
+    p50: f64,
+    p99: f64,
+    p999: f64,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct LatencyAt {
+    at_500: Percentiles,
+    at_2000: Percentiles,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Drain {
+    events: u64,
+    records: u64,
+    msg_s: f64,
+    effects_s: f64,
+    seconds: f64,
+    verified: bool,
+    rss_mb_peak: f64,
+    cpu_us_per_msg: f64,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct BenchReport {
+    scale: String,
+    ceiling_msg_s: f64,
+    ceiling_1_connection_msg_s: f64,
+    ceiling_2_connections_msg_s: f64,
+    ceiling_6_connections_msg_s: f64,
+    batch_msg_s: f64,
+    per_message_msg_s: f64,
+    batch_vs_per_message: f64,
+    batch_vs_ceiling: f64,
+    latency_ms: LatencyAt,
+    rss_mb_peak: f64,
+    cpu_us_per_msg: f64,
+    verified: bool,
+    batch: Drain,
+    per_message: Drain,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
+    let sizes = Sizes::from_scale(&args.scale)?;
+    let bin = match &args.effectively {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("effectively"),
+    };
+    std::fs::create_dir_all(&args.out)?;
+    let mut report = BenchReport {
+        scale: args.scale.clone(),
+        ..BenchReport::default()
+    };
+
+    eprintln!(
+        "== 1/4 SQL ceiling ({} messages, 1 and 2 connections)",
+        sizes.ceiling
+    );
+    report.ceiling_1_connection_msg_s = ceiling(&bin, &args, 1, sizes.ceiling).await?;
+    report.ceiling_2_connections_msg_s = ceiling(&bin, &args, 2, sizes.ceiling).await?;
+    report.ceiling_msg_s = report
+        .ceiling_1_connection_msg_s
+        .max(report.ceiling_2_connections_msg_s);
+
+    eprintln!("== 2/4 batch strategy draining {} events", sizes.batch);
+    report.batch = drain(&bin, &args, "batch", sizes.batch).await?;
+    eprintln!(
+        "== 3/4 per-message strategy draining {} events",
+        sizes.per_message
+    );
+    report.per_message = drain(&bin, &args, "per-message", sizes.per_message).await?;
+    report.batch_msg_s = report.batch.msg_s;
+    report.per_message_msg_s = report.per_message.msg_s;
+    report.batch_vs_per_message = ratio(report.batch_msg_s, report.per_message_msg_s);
+    report.batch_vs_ceiling = ratio(report.batch_msg_s, report.ceiling_msg_s);
+    report.rss_mb_peak = report.batch.rss_mb_peak;
+    report.cpu_us_per_msg = report.batch.cpu_us_per_msg;
+
+    eprintln!(
+        "== 4/4 latency at 500 and 2,000 msg/s, {:?} each",
+        sizes.latency
+    );
+    let (l500, l2000, lat_ok) = latency(&bin, &args, sizes.latency).await?;
+    report.latency_ms = LatencyAt {
+        at_500: l500,
+        at_2000: l2000,
+    };
+    report.verified = report.batch.verified && report.per_message.verified && lat_ok;
+
+    let path = args.out.join("report.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    eprintln!("report: {}", path.display());
+    Ok(report.verified)
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        (a / b * 100.0).round() / 100.0
+    } else {
+        0.0
+    }
+}
+
+async fn ceiling(
+    bin: &Path,
+    args: &BenchArgs,
+    connections: usize,
+    messages: u64,
+) -> anyhow::Result<f64> {
+    let out = tokio::process::Command::new(bin)
+        .args(["bench-ceiling", "--connections", &connections.to_string()])
+        .args(["--messages", &messages.to_string()])
+        .env("DATABASE_URL", &args.database_url)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "bench-ceiling failed: {:?}",
+        out.status
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let msg_s = v["msg_s"]
+        .as_f64()
+        .context("bench-ceiling printed no msg_s")?;
+    eprintln!("   {connections} connection(s): {msg_s:.0} msg/s");
+    Ok(msg_s)
+}
+
+/// A worker process of the engine, for one consumer on one topic.
+struct Worker {
+    child: tokio::process::Child,
+}
+
+impl Worker {
+    async fn start(
+        bin: &Path,
+        args: &BenchArgs,
+        name: &str,
+        strategy: &str,
+    ) -> anyhow::Result<Worker> {
+        let config = args.out.join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[worker]\nid = \"bench\"\n[[consumer]]\nname = \"{name}\"\ntopics = [\"{name}\"]\n\
+                 strategy = \"{strategy}\"\nhandler = {{ kind = \"cashback\" }}\n"
+            ),
+        )?;
+        let log = std::fs::File::create(args.out.join(format!("{name}.log")))?;
+        let child = tokio::process::Command::new(bin)
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("KAFKA_BROKERS", &args.brokers)
+            .env("DATABASE_URL", &args.database_url)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Worker { child })
+    }
+
+    /// (peak RSS in MB, CPU seconds) so far, from /proc.
+    fn usage(&self) -> (f64, f64) {
+        let Some(pid) = self.child.id() else {
+            return (0.0, 0.0);
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let hwm_kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0.0);
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields after the command name (which may hold spaces): utime and stime are the
+        // 14th and 15th fields, in clock ticks (100 a second on Linux).
+        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (hwm_kb / 1024.0, (ticks(11) + ticks(12)) / 100.0)
+    }
+
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await??;
+        anyhow::ensure!(
+            status.success(),
+            "the worker did not exit cleanly: {status:?}"
+        );
+        Ok(())
+    }
+}
+
+fn spec(args: &BenchArgs, name: &str, plan: Vec<Step>, limit: Option<u64>, mix: Mix) -> Spec {
+    Spec {
+        brokers: args.brokers.clone(),
+        database_url: args.database_url.clone(),
+        topic: name.to_string(),
+        partitions: 6,
+        consumer: name.to_string(),
+        plan,
+        limit,
+        mix,
+        users: 1000,
+        rate_bp: 200,
+        drain_timeout: Duration::from_secs(900),
+        report_dir: args.out.join(name),
+        seed: None,
+        quiet: true,
+    }
+}
+
+fn resends_only() -> Mix {
+    Mix {
+        resend: 0.10,
+        redrive: 0.0,
+        redrive_delay: Duration::ZERO,
+        double_tap: 0.0,
+        poison: 0.0,
+    }
+}
+
+/// Pre-fills a topic, then starts one worker and measures it draining the topic.
+async fn drain(bin: &Path, args: &BenchArgs, strategy: &str, events: u64) -> anyhow::Result<Drain> {
+    let name = format!("bench-{strategy}-{:06x}", fastrand::u32(..0xffffff));
+    let plan = vec![Step {
+        rate: None,
+        duration: Duration::from_secs(3600),
+    }];
+    let spec = spec(args, &name, plan, Some(events), resends_only());
+    let session = Session::open(&spec).await?;
+    let produced = produce_stage(&session, &spec).await?;
+    let records = produced.acked();
+    eprintln!("   topic pre-filled: {records} records; starting the worker");
+    let worker = Worker::start(bin, args, &name, strategy).await?;
+    let report = finish_stage(&session, &spec, produced).await?;
+    let (rss_mb, cpu_s) = worker.usage();
+    worker.stop().await?;
+    // From the first to the last commit.
+    let span = if report.commit_span_s > 0.0 {
+        report.commit_span_s
+    } else {
+        f64::INFINITY
+    };
+    let d = Drain {
+        events,
+        records,
+        msg_s: records as f64 / span,
+        effects_s: report.effects as f64 / span,
+        seconds: span,
+        verified: report.verified,
+        rss_mb_peak: (rss_mb * 10.0).round() / 10.0,
+        cpu_us_per_msg: (cpu_s * 1e6 / records.max(1) as f64 * 10.0).round() / 10.0,
+    };
+    eprintln!(
+        "   {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg",
+        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg
+    );
+    Ok(d)
+}
+
+/// One worker (batch strategy) running; loadgen offers 500/s, then 2,000/s.
+async fn latency(
+    bin: &Path,
+    args: &BenchArgs,
+    each: Duration,
+) -> anyhow::Result<(Percentiles, Percentiles, bool)> {
+    let name = format!("bench-latency-{:06x}", fastrand::u32(..0xffffff));
+    let mut s = spec(
+        args,
+        &name,
+        Vec::new(),
+        None,
+        Mix {
+            resend: 0.10,
+            ..resends_only()
+        },
+    );
+    let session = Session::open(&s).await?;
+    let worker = Worker::start(bin, args, &name, "batch").await?;
+    // Measure the steady state, not the group's first join.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut out = Vec::new();
+    let mut ok = true;
+    for rate in [500.0, 2000.0] {
+        s.plan = vec![Step {
+            rate: Some(rate),
+            duration: each,
+        }];
+        s.report_dir = args.out.join(format!("{name}-{rate}"));
+        let produced = produce_stage(&session, &s).await?;
+        let r = finish_stage(&session, &s, produced).await?;
+        eprintln!(
+            "   at {rate}/s: p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, verified: {}",
+            r.latency_ms.p50, r.latency_ms.p99, r.latency_ms.p999, r.verified
+        );
+        ok &= r.verified;
+        out.push(Percentiles {
+            p50: r.latency_ms.p50,
+            p99: r.latency_ms.p99,
+            p999: r.latency_ms.p999,
+        });
+    }
+    worker.stop().await?;
+    let l2000 = out.pop().unwrap_or_default();
+    let l500 = out.pop().unwrap_or_default();
+    Ok((l500, l2000, ok))
+}
