@@ -4,7 +4,9 @@
 
 use bytes::Bytes;
 
-use crate::envelope::{Envelope, RawRecord, Rejection};
+use crate::config::ConsumerConfig;
+use crate::envelope::{check_window, Decoder, Envelope, RawRecord, Rejection};
+use crate::handler::Handler;
 use crate::store::dead_letters::Parked;
 
 /// One Kafka record, owned.
@@ -99,6 +101,36 @@ impl Raw {
 pub struct Record {
     pub raw: Raw,
     pub decoded: Result<Envelope, Rejection>,
+}
+
+impl Record {
+    /// Decodes `raw` and applies every check a message passes before any transaction: the
+    /// retention window (a copy older than the window may have lost its dedupe key; one far in
+    /// the future is suspect) and the handler's own check. `today` comes from the caller, so
+    /// tests can move it.
+    pub fn admit(
+        raw: Raw,
+        decoder: &Decoder,
+        handler: &dyn Handler,
+        config: &ConsumerConfig,
+        today: chrono::NaiveDate,
+    ) -> Record {
+        let decoded = raw.with_view(|view| decoder.decode(view)).and_then(|env| {
+            check_window(
+                env.event_date,
+                today,
+                config.retention,
+                config.future_tolerance,
+            )
+            .and_then(|()| handler.check(&env))
+            .map_err(|r| Rejection {
+                message_id: Some(env.message_id),
+                ..r
+            })?;
+            Ok(env)
+        });
+        Record { raw, decoded }
+    }
 }
 
 /// A run of consecutive records of one partition, in offset order.

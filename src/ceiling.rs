@@ -27,6 +27,8 @@ pub struct Ceiling {
     pub seconds: f64,
     pub msg_s: f64,
     pub effects: u64,
+    /// Seconds spent in each phase, summed over all transactions (and connections).
+    pub phases_s: [(&'static str, f64); 5],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,28 +131,42 @@ pub async fn run(
         }
         work.push((ctx, batches));
     }
+    let records: u64 = work
+        .iter()
+        .map(|(_, bs)| bs.iter().map(|b| b.len() as u64).sum::<u64>())
+        .sum();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for (ctx, batches) in work {
         tasks.spawn(async move {
-            let mut effects = 0u64;
+            let mut out = crate::strategy::Outcome::default();
             for b in batches {
-                effects += Batched.process(&ctx, b, &|_| {}).await?.effects;
+                out.add(Batched.process(&ctx, b, &|_| {}).await?);
             }
-            Ok::<u64, crate::strategy::BatchError>(effects)
+            Ok::<_, crate::strategy::BatchError>(out)
         });
     }
-    let mut effects = 0;
+    let mut total = crate::strategy::Outcome::default();
     while let Some(r) = tasks.join_next().await {
-        effects += r.expect("ceiling task panicked")?;
+        total.add(r.expect("ceiling task panicked")?);
     }
+    let effects = total.effects;
+    let p = total.phases;
     let seconds = started.elapsed().as_secs_f64();
+    // Messages are records, resent copies included, as in the engine's figure.
     Ok(Ceiling {
         connections,
-        messages: effects,
+        messages: records,
         batch,
         seconds,
-        msg_s: effects as f64 / seconds,
+        msg_s: records as f64 / seconds,
         effects,
+        phases_s: [
+            ("fence", p.fence.as_secs_f64()),
+            ("stage", p.stage.as_secs_f64()),
+            ("dedupe", p.dedupe.as_secs_f64()),
+            ("effect", p.effect.as_secs_f64()),
+            ("commit", p.commit.as_secs_f64()),
+        ],
     })
 }

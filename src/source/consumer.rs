@@ -223,6 +223,11 @@ impl Source {
             .set("enable.auto.commit", "true")
             .set("auto.commit.interval.ms", "1000")
             .set("enable.auto.offset.store", "false")
+            // With split partition queues these bound each partition's prefetch (librdkafka's
+            // defaults, 100,000 messages and 64 MiB, would let a backlog of 6 partitions take
+            // 384 MiB). 4 MiB is still several full batches ahead of the transaction.
+            .set("queued.min.messages", "20000")
+            .set("queued.max.messages.kbytes", "4096")
             .set(
                 "auto.offset.reset",
                 self.config.auto_offset_reset.as_librdkafka(),

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::consumer::RebalanceContext;
 use crate::batch::{Batch, Raw, Record};
 use crate::config::{BatchConfig, ConsumerConfig};
-use crate::envelope::{check_window, Decoder};
+use crate::envelope::Decoder;
 use crate::stats::Stats;
 use crate::strategy::{BatchError, PartitionCtx, Strategy};
 
@@ -145,27 +145,13 @@ impl PartitionTask {
             return;
         }
         let today = chrono::Utc::now().date_naive();
-        let handler = &self.ctx.handler;
-        let config = &self.config;
-        let decoded = raw
-            .with_view(|view| self.decoder.decode(view))
-            .and_then(|env| {
-                check_window(
-                    env.event_date,
-                    today,
-                    config.retention,
-                    config.future_tolerance,
-                )
-                .map_err(|mut r| {
-                    r.message_id = Some(env.message_id);
-                    r
-                })?;
-                handler.check(&env).map_err(|mut r| {
-                    r.message_id = Some(env.message_id);
-                    r
-                })?;
-                Ok(env)
-            });
-        batch.push(Record { raw, decoded });
+        let record = Record::admit(
+            raw,
+            &self.decoder,
+            self.ctx.handler.as_ref(),
+            &self.config,
+            today,
+        );
+        batch.push(record);
     }
 }

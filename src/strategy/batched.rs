@@ -11,6 +11,8 @@
 //! Failures roll the whole transaction back; see `segments` for what is retried and how a
 //! failing message is found and parked.
 
+use std::time::Instant;
+
 use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
@@ -50,10 +52,16 @@ impl Body for StageAndDedupe {
         tx: &Transaction<'_>,
         candidates: &[&Envelope],
     ) -> Result<BodyOutcome, AttemptError> {
-        copy::stage(tx, candidates, ctx.handler.stages_payload(), false).await?;
-        let fresh_seq = dedupe::insert_staged(tx, &ctx.consumer).await?;
+        let set_based = ctx.handler.stages_payload();
+        let t0 = Instant::now();
+        copy::stage(tx, candidates, set_based, false).await?;
+        let t1 = Instant::now();
+        let fresh_seq = dedupe::insert_staged(tx, &ctx.consumer, candidates, set_based).await?;
+        let t2 = Instant::now();
         let fresh: Vec<&Envelope> = fresh_seq.iter().map(|&s| candidates[s]).collect();
         let mut out = BodyOutcome {
+            stage: t1 - t0,
+            dedupe: t2 - t1,
             fresh: fresh.len() as u64,
             duplicates: (candidates.len() - fresh.len()) as u64,
             ..BodyOutcome::default()
@@ -66,7 +74,9 @@ impl Body for StageAndDedupe {
             topic: &ctx.topic,
             partition: ctx.partition,
         };
-        match ctx.handler.apply(tx, &bctx, &fresh).await {
+        let applied = ctx.handler.apply(tx, &bctx, &fresh).await;
+        out.effect = t2.elapsed();
+        match applied {
             Ok(applied) => {
                 out.effects = applied.effects;
                 out.business_duplicates = applied.business_duplicates;

@@ -39,6 +39,31 @@ pub struct PartitionCtx {
     pub cancel: CancellationToken,
 }
 
+/// Time spent in each phase of the batch transactions (summed over a batch's transactions).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Getting a connection, `BEGIN` and the fenced offset update.
+    pub fence: Duration,
+    /// Binary `COPY` into the staging table.
+    pub stage: Duration,
+    /// The dedupe insert.
+    pub dedupe: Duration,
+    /// The handler.
+    pub effect: Duration,
+    /// `COMMIT`.
+    pub commit: Duration,
+}
+
+impl Phases {
+    pub fn add(&mut self, o: &Phases) {
+        self.fence += o.fence;
+        self.stage += o.stage;
+        self.dedupe += o.dedupe;
+        self.effect += o.effect;
+        self.commit += o.commit;
+    }
+}
+
 /// What a processed batch amounted to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Outcome {
@@ -56,6 +81,7 @@ pub struct Outcome {
     pub retries: u64,
     /// PostgreSQL commits.
     pub commits: u64,
+    pub phases: Phases,
 }
 
 impl Outcome {
@@ -68,6 +94,7 @@ impl Outcome {
         self.parked.extend(other.parked);
         self.retries += other.retries;
         self.commits += other.commits;
+        self.phases.add(&other.phases);
     }
 }
 

@@ -9,6 +9,8 @@
 //! It is bounded by one commit (one `fsync`) per message, a real option for low rates and the
 //! baseline the benchmark compares the batch strategy against.
 
+use std::time::Instant;
+
 use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
@@ -51,20 +53,28 @@ impl Body for KeyFirst {
         let mut out = BodyOutcome::default();
         // Segments of one record: exactly one candidate.
         for msg in candidates {
-            if !dedupe::insert_one(tx, &ctx.consumer, &msg.message_id, &msg.event_date).await? {
+            let t0 = Instant::now();
+            let fresh =
+                dedupe::insert_one(tx, &ctx.consumer, &msg.message_id, &msg.event_date).await?;
+            out.dedupe += t0.elapsed();
+            if !fresh {
                 out.duplicates += 1;
                 continue;
             }
             out.fresh += 1;
+            let t1 = Instant::now();
             if ctx.handler.stages_payload() {
                 copy::stage(tx, &[*msg], true, true).await?;
             }
+            out.stage += t1.elapsed();
             let bctx = BatchContext {
                 consumer: &ctx.consumer,
                 topic: &ctx.topic,
                 partition: ctx.partition,
             };
+            let t2 = Instant::now();
             let applied = ctx.handler.apply(tx, &bctx, &[*msg]).await?;
+            out.effect += t2.elapsed();
             out.effects += applied.effects;
             out.business_duplicates += applied.business_duplicates;
         }

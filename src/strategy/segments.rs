@@ -17,6 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use deadpool_postgres::Transaction;
@@ -29,6 +30,9 @@ use crate::store::{dead_letters, offsets};
 /// What a body did with a segment's candidates.
 #[derive(Debug, Default)]
 pub(crate) struct BodyOutcome {
+    pub stage: Duration,
+    pub dedupe: Duration,
+    pub effect: Duration,
     pub fresh: u64,
     pub effects: u64,
     pub duplicates: u64,
@@ -216,6 +220,7 @@ async fn attempt(
         }
     }
 
+    let t0 = Instant::now();
     let mut conn = ctx.pool.get().await?;
     ctx.partitions
         .ensure(&**conn, candidates.iter().map(|e| e.event_date))
@@ -234,6 +239,7 @@ async fn attempt(
     if shape.fence_first && !fence().await? {
         return Err(AttemptError::Fenced);
     }
+    let fenced_at = Instant::now();
     dead_letters::park(&tx, &ctx.consumer, &parked).await?;
     let body_out = if candidates.is_empty() {
         BodyOutcome::default()
@@ -253,7 +259,15 @@ async fn attempt(
     if !shape.fence_first && !fence().await? {
         return Err(AttemptError::Fenced);
     }
+    let committing = Instant::now();
     tx.commit().await?;
+    let phases = super::Phases {
+        fence: fenced_at - t0,
+        stage: body_out.stage,
+        dedupe: body_out.dedupe,
+        effect: body_out.effect,
+        commit: committing.elapsed(),
+    };
 
     for p in &parked {
         tracing::warn!(consumer = %ctx.consumer, topic = p.topic, partition = p.partition,
@@ -268,5 +282,6 @@ async fn attempt(
         parked: parked_reasons,
         retries: 0,
         commits: 0,
+        phases,
     })
 }
