@@ -6,7 +6,7 @@ STACK := scripts/stack.sh
 # Every command that talks to the stack reads its addresses from .stack/env.
 WITH_ENV := source .stack/env &&
 
-.PHONY: up down status build migrate lint test demo
+.PHONY: up down status build migrate lint test demo bench microbench
 
 up:
 	@$(STACK) up >/dev/null
@@ -36,3 +36,15 @@ test: up lint migrate
 # half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE change it.
 demo: up
 	scripts/demo.sh
+
+# Side by side, one run: the SQL ceiling, the batch and per-message strategies draining a
+# pre-filled topic, latency at 500 and 2,000 msg/s, RSS and CPU per message. Writes
+# target/bench/report.json. BENCH_SCALE=quick takes about 2 minutes.
+bench: up
+	cargo build -q --release --workspace --bins
+	$(WITH_ENV) target/release/effectively migrate >/dev/null
+	$(WITH_ENV) target/release/loadgen bench
+
+# Criterion micro-benchmarks of the per-record hot paths (no services needed).
+microbench:
+	cargo bench --bench hot_paths

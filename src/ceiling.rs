@@ -57,7 +57,9 @@ pub fn records(run: &str, partition: i32, n: usize) -> Vec<Record> {
         let payload = serde_json::to_vec(&serde_json::json!({
             "event_id": id,
             "payment_id": format!("ceil_{run}_{partition}_{i}"),
-            "user_id": format!("uceil_{run}_{}", i % 1000),
+            // Users belong to one partition, as with Kafka's key-based partitioning: two
+            // partitions' transactions never wait on each other's wallet rows.
+            "user_id": format!("uceil_{run}_{partition}_{}", i % 1000),
             "amount_paise": 100 * (1 + i as i64 % 5000),
             "occurred_at": chrono::Utc::now().to_rfc3339(),
         }))

@@ -28,9 +28,11 @@ pub struct PoolOptions {
 }
 
 /// A pool of connections to `url`. Each new connection gets the session's staging table
-/// (see [`crate::store::copy`]). Connections are checked with a cheap round trip when recycled:
-/// `RecyclingMethod::Fast` would hand out a connection the server already closed after a
-/// restart, and the first statement of a batch would fail on it.
+/// (see [`crate::store::copy`]). Recycling only checks that the connection is not known to be
+/// closed (`RecyclingMethod::Fast`): a round trip per checkout would cost the per-message
+/// strategy one more round trip per message. A connection the server dropped unnoticed fails
+/// its first statement, which the strategies treat as "database unavailable" and retry on a
+/// fresh connection.
 pub fn build(url: &str, opts: &PoolOptions) -> Result<Pool, PoolError> {
     let mut pg: tokio_postgres::Config = url.parse().map_err(PoolError::Url)?;
     pg.connect_timeout(opts.connect_timeout);
@@ -43,7 +45,7 @@ pub fn build(url: &str, opts: &PoolOptions) -> Result<Pool, PoolError> {
         pg,
         NoTls,
         ManagerConfig {
-            recycling_method: RecyclingMethod::Verified,
+            recycling_method: RecyclingMethod::Fast,
         },
     );
     Ok(Pool::builder(manager)

@@ -1,0 +1,121 @@
+//! Micro-benchmarks of the per-record hot paths (criterion): decoding an envelope with the id
+//! in a header or behind a JSON pointer, admitting a batch (decode, window and handler
+//! checks), and encoding a batch for binary COPY. `cargo bench --bench hot_paths`.
+
+use std::hint::black_box;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use effectively::batch::{Batch, Raw, Record};
+use effectively::config::{Config, EventDateSource, MessageIdSource};
+use effectively::envelope::Decoder;
+use effectively::handler::cashback::Cashback;
+
+fn payment(i: usize) -> (String, Vec<u8>) {
+    let id = uuid::Uuid::now_v7();
+    let payload = serde_json::to_vec(&serde_json::json!({
+        "event_id": id,
+        "payment_id": format!("pay_{i}"),
+        "user_id": format!("u_{}", i % 1000),
+        "amount_paise": 120_000,
+        "occurred_at": chrono::Utc::now().to_rfc3339(),
+    }))
+    .unwrap();
+    (id.to_string(), payload)
+}
+
+fn raw(i: usize) -> Raw {
+    let (id, payload) = payment(i);
+    Raw {
+        partition: 0,
+        offset: i as i64,
+        timestamp_ms: Some(1_800_000_000_000),
+        key: Some(Bytes::from(format!("u_{}", i % 1000))),
+        payload: Some(Bytes::from(payload)),
+        headers: vec![("event_id".into(), Some(Bytes::from(id)))],
+    }
+}
+
+fn decode(c: &mut Criterion) {
+    let r = raw(1);
+    let mut g = c.benchmark_group("decode");
+    g.throughput(Throughput::Elements(1));
+    let by_header = Decoder::new(
+        &MessageIdSource::Header("event_id".into()),
+        &EventDateSource::Auto,
+        1 << 20,
+        true,
+    );
+    g.bench_function("header_id", |b| {
+        b.iter(|| r.with_view(|v| black_box(by_header.decode(v)).is_ok()))
+    });
+    let by_pointer = Decoder::new(
+        &MessageIdSource::JsonPointer("/event_id".into()),
+        &EventDateSource::Auto,
+        1 << 20,
+        true,
+    );
+    g.bench_function("json_pointer_id", |b| {
+        b.iter(|| r.with_view(|v| black_box(by_pointer.decode(v)).is_ok()))
+    });
+    g.finish();
+}
+
+fn batch(c: &mut Criterion) {
+    let config = Config::from_toml_str(
+        "[[consumer]]\nname = \"b\"\ntopics = [\"t\"]\nhandler = { kind = \"cashback\" }\n",
+    )
+    .unwrap();
+    let consumer = &config.consumers[0];
+    let decoder = Decoder::new(
+        &consumer.message_id,
+        &consumer.event_date,
+        consumer.max_payload_bytes,
+        true,
+    );
+    let handler = Cashback::new(200);
+    let raws: Vec<Raw> = (0..1000).map(raw).collect();
+    let today = chrono::Utc::now().date_naive();
+    let mut g = c.benchmark_group("batch");
+    g.throughput(Throughput::Elements(1000));
+    g.bench_function("admit_1000", |b| {
+        b.iter(|| {
+            let mut batch = Batch::default();
+            for r in &raws {
+                batch.push(Record::admit(
+                    r.clone(),
+                    &decoder,
+                    &handler,
+                    consumer,
+                    today,
+                ));
+            }
+            black_box(batch.len())
+        })
+    });
+    let mut admitted = Batch::default();
+    for r in &raws {
+        admitted.push(Record::admit(
+            r.clone(),
+            &decoder,
+            &handler,
+            consumer,
+            today,
+        ));
+    }
+    let envs: Vec<_> = admitted
+        .records
+        .iter()
+        .filter_map(|r| r.decoded.as_ref().ok())
+        .collect();
+    g.bench_function("copy_encode_1000", |b| {
+        b.iter(|| black_box(effectively::store::copy::encode(&envs, false, false)).len())
+    });
+    g.bench_function("copy_encode_1000_with_payload", |b| {
+        b.iter(|| black_box(effectively::store::copy::encode(&envs, true, false)).len())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decode, batch);
+criterion_main!(benches);
