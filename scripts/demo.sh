@@ -55,9 +55,12 @@ handler = { kind = "cashback", rate_bp = 200 }
 TOML
 
 declare -A PIDS=()
+# Worker a serves metrics on 127.0.0.1:9464, b on 9465 (grafana/prometheus.yml scrapes both).
 start_worker() {
+  local port=9464
+  [ "$1" = b ] && port=9465
   EFFECTIVELY_WORKER_ID="worker-$1" "$BIN/effectively" run --config "$OUT/effectively.toml" \
-    >>"$OUT/worker-$1.log" 2>&1 &
+    --metrics-addr "127.0.0.1:$port" >>"$OUT/worker-$1.log" 2>&1 &
   PIDS[$1]=$!
 }
 stop_worker() {

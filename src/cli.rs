@@ -32,6 +32,10 @@ pub enum Command {
         /// The TOML config file (`KAFKA_BROKERS` and `DATABASE_URL` override it).
         #[arg(long, short, default_value = "effectively.toml")]
         config: PathBuf,
+        /// Where to serve Prometheus metrics (`/metrics`), or `off`. Default: the config's
+        /// `worker.metrics_addr`, else 127.0.0.1:9464 (loopback unless configured).
+        #[arg(long)]
+        metrics_addr: Option<String>,
     },
     /// Apply the schema migrations that the database does not have yet.
     Migrate {
@@ -82,8 +86,21 @@ pub fn main(cli: Cli) -> ExitCode {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { config } => {
-            let config = Config::load(&config)?;
+        Command::Run {
+            config,
+            metrics_addr,
+        } => {
+            let mut config = Config::load(&config)?;
+            config.worker.metrics_addr = match metrics_addr.as_deref() {
+                Some("off") => None,
+                Some(a) => Some(a.parse().map_err(|e| {
+                    anyhow::anyhow!("--metrics-addr {a:?}: {e} (expected host:port or off)")
+                })?),
+                None => config
+                    .worker
+                    .metrics_addr
+                    .or(Some(crate::metrics::DEFAULT_ADDR)),
+            };
             crate::worker::run(config, Registry::new(), shutdown_signal()).await?;
             Ok(())
         }

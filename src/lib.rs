@@ -22,7 +22,7 @@
 //!   ([`store::dedupe`]), daily partitions ([`store::partitions`]), dead letters
 //!   ([`store::dead_letters`]), migrations ([`store::migrate`]).
 //! - [`batch`], [`envelope`] (decoding a record: message id, event date, rejections),
-//!   [`config`], [`stats`]; [`ceiling`], the SQL ceiling benchmark.
+//!   [`config`], [`stats`], [`metrics`] (every Prometheus metric and the event that moves it); [`ceiling`], the SQL ceiling benchmark.
 
 pub mod batch;
 pub mod ceiling;
@@ -30,6 +30,7 @@ pub mod cli;
 pub mod config;
 pub mod envelope;
 pub mod handler;
+pub mod metrics;
 pub mod source;
 pub mod stats;
 pub mod store;

@@ -63,6 +63,12 @@ impl Worker {
             return Err(WorkerError::NotMigrated);
         }
 
+        if let Some(addr) = config.worker.metrics_addr {
+            // A monitoring endpoint that cannot bind must not stop the ledger: say so loudly.
+            if let Err(e) = crate::metrics::install(addr) {
+                tracing::error!(error = %e, "metrics endpoint not started");
+            }
+        }
         let known = Arc::new(Known::default());
         let today = chrono::Utc::now().date_naive();
         let ahead = config
@@ -119,6 +125,8 @@ impl Worker {
             ahead,
             shutdown.child_token(),
         ));
+        let names: Vec<String> = config.consumers.iter().map(|c| c.name.clone()).collect();
+        tasks.spawn(sample_gauges(pg.clone(), names, shutdown.child_token()));
         tracing::info!(worker = %worker_id, consumers = config.consumers.len(), "worker started");
         Ok(Worker {
             stats,
@@ -196,4 +204,47 @@ async fn maintain_partitions(
             Err(e) => tracing::warn!(error = %e, "creating dedupe partitions ahead: no connection"),
         }
     }
+}
+
+/// Gauges read from the database, off the hot path: dead letters waiting, the dedupe
+/// partitions' sizes and how far ahead they exist, and the pool's connections.
+async fn sample_gauges(
+    pool: deadpool_postgres::Pool,
+    consumers: Vec<String>,
+    stop: CancellationToken,
+) -> Result<(), SourceError> {
+    loop {
+        let status = pool.status();
+        crate::metrics::pool(status.size - status.available, status.available);
+        if let Ok(client) = pool.get().await {
+            if let Err(e) = sample_database(&client, &consumers).await {
+                tracing::debug!(error = %e, "sampling database gauges failed");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(15)) => {}
+        }
+    }
+}
+
+async fn sample_database(
+    client: &deadpool_postgres::Object,
+    consumers: &[String],
+) -> Result<(), crate::store::StoreError> {
+    for (consumer, rows) in crate::store::dead_letters::count_all(&***client, consumers).await? {
+        crate::metrics::dead_letters_waiting(&consumer, rows);
+    }
+    let sizes = crate::store::partitions::sizes(&***client).await?;
+    let today = chrono::Utc::now().date_naive();
+    let ahead = sizes
+        .iter()
+        .map(|s| (s.date - today).num_days())
+        .max()
+        .unwrap_or(-1);
+    crate::metrics::dedupe_partitions_ahead(ahead);
+    for s in sizes {
+        crate::metrics::dedupe_partition(s.date, s.rows, s.bytes);
+    }
+    Ok(())
 }

@@ -62,12 +62,30 @@ enum Event {
 /// The librdkafka context: it routes rebalances to the coordinator.
 pub struct RebalanceContext {
     name: String,
+    /// Where PostgreSQL has each partition (for the lag gauge).
+    stats: Arc<Stats>,
     events: mpsc::UnboundedSender<Event>,
     revoke_deadline: Duration,
     reset: OffsetReset,
 }
 
-impl ClientContext for RebalanceContext {}
+impl ClientContext for RebalanceContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`) carry each partition's high
+    /// watermark; the lag that matters is from the offset stored in PostgreSQL, not Kafka's.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let stored = self.stats.committed_offsets();
+        for (topic, t) in &statistics.topics {
+            for (p, part) in &t.partitions {
+                if *p < 0 || !part.desired || part.hi_offset < 0 {
+                    continue;
+                }
+                if let Some(next) = stored.get(p) {
+                    crate::metrics::lag(&self.name, topic, *p, part.hi_offset - next);
+                }
+            }
+        }
+    }
+}
 
 impl ConsumerContext for RebalanceContext {
     fn rebalance(
@@ -228,6 +246,8 @@ impl Source {
             // 384 MiB). 4 MiB is still several full batches ahead of the transaction.
             .set("queued.min.messages", "20000")
             .set("queued.max.messages.kbytes", "4096")
+            // Feeds the consumer lag gauge (see `RebalanceContext::stats`).
+            .set("statistics.interval.ms", "5000")
             .set(
                 "auto.offset.reset",
                 self.config.auto_offset_reset.as_librdkafka(),
@@ -251,6 +271,7 @@ impl Source {
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let context = RebalanceContext {
             name: self.config.name.clone(),
+            stats: Arc::clone(&self.stats),
             events: events_tx,
             revoke_deadline: self.revoke_deadline,
             reset: self.config.auto_offset_reset,
@@ -298,6 +319,7 @@ impl Source {
                         let _ = reply.send(claims);
                     }
                     Event::Start { claims, done } => {
+                        let n = claims.len();
                         for (tp, claim) in claims {
                             if let Some(old) = running.remove(&tp) {
                                 old.cancel.cancel();
@@ -309,10 +331,12 @@ impl Source {
                             }
                         }
                         self.stats.rebalance();
+                        crate::metrics::partitions_assigned(&self.config.name, n, running.len());
                         drop(done);
                     }
                     Event::Revoke { partitions, done } => {
                         let stopping: Vec<Running> = partitions.iter().filter_map(|tp| running.remove(tp)).collect();
+                        crate::metrics::partitions_revoked(&self.config.name, partitions.len(), running.len());
                         drain(stopping, self.revoke_deadline).await;
                         drop(done);
                     }
@@ -394,6 +418,9 @@ impl Source {
         exits: &mpsc::UnboundedSender<(TopicPartition, Exit)>,
     ) -> Option<Running> {
         let queue = consumer.split_partition_queue(&tp.0, tp.1)?;
+        if let Some(next) = claim.next_offset {
+            self.stats.committed_offset(tp.1, next);
+        }
         let offset = match claim.next_offset {
             Some(o) => Offset::Offset(o),
             None => match self.config.auto_offset_reset {
@@ -423,6 +450,7 @@ impl Source {
             config: Arc::clone(&self.config),
             strategy: Arc::clone(&self.strategy),
             stats: Arc::clone(&self.stats),
+            metrics: crate::metrics::PartitionMetrics::new(&self.config.name, &tp.0, tp.1),
             next_offset: claim.next_offset,
         };
         let exits = exits.clone();

@@ -19,6 +19,7 @@ use super::consumer::RebalanceContext;
 use crate::batch::{Batch, Raw, Record};
 use crate::config::{BatchConfig, ConsumerConfig};
 use crate::envelope::Decoder;
+use crate::metrics::{self, PartitionMetrics};
 use crate::stats::Stats;
 use crate::strategy::{BatchError, PartitionCtx, Strategy};
 
@@ -34,6 +35,7 @@ pub struct PartitionTask {
     pub config: Arc<ConsumerConfig>,
     pub strategy: Arc<dyn Strategy>,
     pub stats: Arc<Stats>,
+    pub metrics: PartitionMetrics,
     /// Where PostgreSQL says this partition resumes; records below it were applied already.
     pub next_offset: Option<i64>,
 }
@@ -70,10 +72,17 @@ impl PartitionTask {
                 Ok(outcome) => {
                     self.next_offset = last;
                     self.stats.batch(&outcome, started.elapsed());
+                    metrics::batch_committed(
+                        &self.ctx.consumer,
+                        &self.ctx.topic,
+                        &outcome,
+                        started.elapsed(),
+                    );
                 }
                 Err(BatchError::Cancelled) => return Exit::Stopped,
                 Err(BatchError::Fenced) => {
                     self.stats.fenced();
+                    metrics::fenced(&self.ctx.consumer, &self.ctx.topic, self.ctx.partition);
                     tracing::warn!(consumer = %self.ctx.consumer, topic = %self.ctx.topic,
                         partition = self.ctx.partition, epoch = self.ctx.epoch,
                         "fenced: another worker claimed this partition; batch rolled back");
@@ -139,9 +148,11 @@ impl PartitionTask {
         };
         let raw = Raw::from_message(&m);
         drop(m);
+        self.metrics.received();
         // Below the stored offset: applied already (a fetch that raced the seek).
         if self.next_offset.is_some_and(|next| raw.offset < next) {
             self.stats.below_stored_offset();
+            self.metrics.below_stored_offset();
             return;
         }
         let today = chrono::Utc::now().date_naive();

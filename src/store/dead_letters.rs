@@ -81,3 +81,18 @@ pub async fn count_by_reason<C: GenericClient + Sync>(
         .await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
+
+/// Rows waiting in `dead_letters` for each of `consumers` (0 included).
+pub async fn count_all<C: GenericClient + Sync>(
+    client: &C,
+    consumers: &[String],
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT c, (SELECT count(*) FROM dead_letters d WHERE d.consumer = c)
+             FROM unnest($1::text[]) AS c",
+            &[&consumers],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}

@@ -71,6 +71,42 @@ pub async fn existing<C: GenericClient + Sync>(client: &C) -> Result<Vec<NaiveDa
         .collect())
 }
 
+/// One daily partition's size, from the catalog's estimates (cheap: no scan).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Size {
+    pub date: NaiveDate,
+    pub rows: f64,
+    pub bytes: f64,
+}
+
+/// Every daily partition with its estimated rows and its bytes, indexes included.
+pub async fn sizes<C: GenericClient + Sync>(client: &C) -> Result<Vec<Size>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT c.relname, greatest(c.reltuples, 0)::float8,
+                    pg_total_relation_size(c.oid)::float8
+             FROM pg_inherits i
+             JOIN pg_class c ON c.oid = i.inhrelid
+             JOIN pg_class p ON p.oid = i.inhparent
+             WHERE p.relname = $1 ORDER BY 1",
+            &[&PARENT],
+        )
+        .await?;
+    let prefix = format!("{PARENT}_p");
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let name: &str = r.get(0);
+            let date = NaiveDate::parse_from_str(name.strip_prefix(&prefix)?, "%Y%m%d").ok()?;
+            Some(Size {
+                date,
+                rows: r.get(1),
+                bytes: r.get(2),
+            })
+        })
+        .collect())
+}
+
 /// Remembers which dates have a partition, so the hot path asks the database only for a date
 /// it has not seen yet.
 #[derive(Debug, Default)]

@@ -60,6 +60,10 @@ impl Body for StageAndDedupe {
         let t2 = Instant::now();
         let fresh: Vec<&Envelope> = fresh_seq.iter().map(|&s| candidates[s]).collect();
         let mut out = BodyOutcome {
+            fresh_ts_ms: fresh
+                .iter()
+                .filter_map(|e| e.kafka_ts.map(|t| t.timestamp_millis()))
+                .collect(),
             stage: t1 - t0,
             dedupe: t2 - t1,
             fresh: fresh.len() as u64,

@@ -62,6 +62,8 @@ impl Body for KeyFirst {
                 continue;
             }
             out.fresh += 1;
+            out.fresh_ts_ms
+                .extend(msg.kafka_ts.map(|t| t.timestamp_millis()));
             let t1 = Instant::now();
             if ctx.handler.stages_payload() {
                 copy::stage(tx, &[*msg], true, true).await?;

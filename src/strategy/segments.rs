@@ -30,6 +30,8 @@ use crate::store::{dead_letters, offsets};
 /// What a body did with a segment's candidates.
 #[derive(Debug, Default)]
 pub(crate) struct BodyOutcome {
+    /// Record timestamps (ms) of the messages whose effect this transaction applies.
+    pub fresh_ts_ms: Vec<i64>,
     pub stage: Duration,
     pub dedupe: Duration,
     pub effect: Duration,
@@ -268,6 +270,7 @@ async fn attempt(
         effect: body_out.effect,
         commit: committing.elapsed(),
     };
+    crate::metrics::effects_committed(&ctx.consumer, &ctx.topic, &body_out.fresh_ts_ms);
 
     for p in &parked {
         tracing::warn!(consumer = %ctx.consumer, topic = p.topic, partition = p.partition,

@@ -1,0 +1,318 @@
+//! Prometheus metrics: every name in one place, with its description and unit, and one
+//! function per event that matters (`batch_committed(..)`), so the rest of the code never
+//! spells a metric name. Labels are `consumer`, `topic`, `partition`, `reason` and `phase`:
+//! all bounded (never an event id). Served by `metrics-exporter-prometheus` on
+//! `--metrics-addr` (default 127.0.0.1:9464); `docs/OPERATIONS.md` says what each one means.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Unit,
+};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+use crate::strategy::Outcome;
+
+pub const E2E_LATENCY: &str = "effectively_e2e_latency_seconds";
+pub const BATCH_SIZE: &str = "effectively_batch_size_records";
+pub const BATCH_DURATION: &str = "effectively_batch_duration_seconds";
+pub const BATCH_PHASE: &str = "effectively_batch_phase_seconds";
+pub const HANDLER_DURATION: &str = "effectively_handler_duration_seconds";
+pub const RECORDS_RECEIVED: &str = "effectively_records_received_total";
+pub const EFFECTS_APPLIED: &str = "effectively_effects_applied_total";
+pub const DUPLICATES_SKIPPED: &str = "effectively_duplicates_skipped_total";
+pub const PARKED: &str = "effectively_parked_total";
+pub const TRANSIENT_RETRIES: &str = "effectively_transient_retries_total";
+pub const FENCED: &str = "effectively_fenced_transactions_total";
+pub const REBALANCES: &str = "effectively_rebalances_total";
+pub const PARTITIONS_ASSIGNED: &str = "effectively_partitions_assigned_total";
+pub const PARTITIONS_REVOKED: &str = "effectively_partitions_revoked_total";
+pub const CONSUMER_LAG: &str = "effectively_consumer_lag_records";
+pub const ASSIGNED_PARTITIONS: &str = "effectively_assigned_partitions";
+pub const DEAD_LETTERS_WAITING: &str = "effectively_dead_letters_waiting";
+pub const DEDUPE_PARTITION_ROWS: &str = "effectively_dedupe_partition_rows";
+pub const DEDUPE_PARTITION_BYTES: &str = "effectively_dedupe_partition_bytes";
+pub const DEDUPE_PARTITIONS_AHEAD: &str = "effectively_dedupe_partitions_ahead_days";
+pub const POOL_CONNECTIONS: &str = "effectively_pool_connections";
+
+/// Every metric name, for tests that check dashboards and alert rules against them.
+pub const ALL: &[&str] = &[
+    E2E_LATENCY,
+    BATCH_SIZE,
+    BATCH_DURATION,
+    BATCH_PHASE,
+    HANDLER_DURATION,
+    RECORDS_RECEIVED,
+    EFFECTS_APPLIED,
+    DUPLICATES_SKIPPED,
+    PARKED,
+    TRANSIENT_RETRIES,
+    FENCED,
+    REBALANCES,
+    PARTITIONS_ASSIGNED,
+    PARTITIONS_REVOKED,
+    CONSUMER_LAG,
+    ASSIGNED_PARTITIONS,
+    DEAD_LETTERS_WAITING,
+    DEDUPE_PARTITION_ROWS,
+    DEDUPE_PARTITION_BYTES,
+    DEDUPE_PARTITIONS_AHEAD,
+    POOL_CONNECTIONS,
+];
+
+/// Where `effectively run` serves `/metrics` unless told otherwise.
+pub const DEFAULT_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9464);
+
+static INSTALLED: OnceLock<SocketAddr> = OnceLock::new();
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("metrics endpoint on {addr}: {source}")]
+    Install {
+        addr: SocketAddr,
+        source: metrics_exporter_prometheus::BuildError,
+    },
+}
+
+/// Starts the `/metrics` endpoint on `addr` (once per process: a second call, as when tests
+/// start several workers in one process, keeps the first endpoint).
+pub fn install(addr: SocketAddr) -> Result<(), MetricsError> {
+    if INSTALLED.get().is_some() {
+        return Ok(());
+    }
+    let seconds = [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ];
+    let sizes = [1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0];
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), &sizes))
+        .and_then(|b| b.install())
+        .map_err(|source| MetricsError::Install { addr, source })?;
+    let _ = INSTALLED.set(addr);
+    describe();
+    tracing::info!(%addr, "metrics endpoint listening on /metrics");
+    Ok(())
+}
+
+fn describe() {
+    describe_histogram!(
+        E2E_LATENCY,
+        Unit::Seconds,
+        "From the record's timestamp to the commit of its effect, per applied message."
+    );
+    describe_histogram!(
+        BATCH_SIZE,
+        Unit::Count,
+        "Records per batch handed to the strategy."
+    );
+    describe_histogram!(
+        BATCH_DURATION,
+        Unit::Seconds,
+        "Wall time of a batch, all its transactions and retries included."
+    );
+    describe_histogram!(
+        BATCH_PHASE,
+        Unit::Seconds,
+        "Time in each phase of a batch transaction: fence, stage (COPY), dedupe, effect, commit."
+    );
+    describe_histogram!(
+        HANDLER_DURATION,
+        Unit::Seconds,
+        "Time in the handler's apply, per transaction."
+    );
+    describe_counter!(RECORDS_RECEIVED, Unit::Count, "Records read from Kafka.");
+    describe_counter!(
+        EFFECTS_APPLIED,
+        Unit::Count,
+        "Effects the handler applied (committed)."
+    );
+    describe_counter!(
+        DUPLICATES_SKIPPED,
+        Unit::Count,
+        "Copies skipped, by reason: dedupe_key, business_key, below_stored_offset."
+    );
+    describe_counter!(
+        PARKED,
+        Unit::Count,
+        "Messages parked in dead_letters, by reason."
+    );
+    describe_counter!(
+        TRANSIENT_RETRIES,
+        Unit::Count,
+        "Batch transactions rolled back and tried again."
+    );
+    describe_counter!(
+        FENCED,
+        Unit::Count,
+        "Transactions rolled back by the epoch fence: this worker was a zombie for the partition."
+    );
+    describe_counter!(
+        REBALANCES,
+        Unit::Count,
+        "Assignments this worker received from the group."
+    );
+    describe_counter!(
+        PARTITIONS_ASSIGNED,
+        Unit::Count,
+        "Partitions assigned to this worker."
+    );
+    describe_counter!(
+        PARTITIONS_REVOKED,
+        Unit::Count,
+        "Partitions revoked from this worker."
+    );
+    describe_gauge!(
+        CONSUMER_LAG,
+        Unit::Count,
+        "Records behind: the partition's high watermark minus the offset stored in PostgreSQL."
+    );
+    describe_gauge!(
+        ASSIGNED_PARTITIONS,
+        Unit::Count,
+        "Partitions this worker consumes now."
+    );
+    describe_gauge!(
+        DEAD_LETTERS_WAITING,
+        Unit::Count,
+        "Rows in dead_letters for the consumer (sampled)."
+    );
+    describe_gauge!(
+        DEDUPE_PARTITION_ROWS,
+        Unit::Count,
+        "Estimated rows of each daily processed_messages partition (sampled)."
+    );
+    describe_gauge!(
+        DEDUPE_PARTITION_BYTES,
+        Unit::Bytes,
+        "Size of each daily processed_messages partition with its index (sampled)."
+    );
+    describe_gauge!(
+        DEDUPE_PARTITIONS_AHEAD,
+        Unit::Count,
+        "Days after today that already have a dedupe partition (sampled)."
+    );
+    describe_gauge!(
+        POOL_CONNECTIONS,
+        Unit::Count,
+        "PostgreSQL connections of the pool, by state: in_use, idle."
+    );
+}
+
+/// Counters one partition task bumps per record, resolved once.
+#[derive(Clone)]
+pub struct PartitionMetrics {
+    received: Counter,
+    below_stored: Counter,
+}
+
+impl PartitionMetrics {
+    pub fn new(consumer: &str, topic: &str, partition: i32) -> Self {
+        let labels = [
+            ("consumer", consumer.to_string()),
+            ("topic", topic.to_string()),
+            ("partition", partition.to_string()),
+        ];
+        PartitionMetrics {
+            received: counter!(RECORDS_RECEIVED, &labels),
+            below_stored: counter!(DUPLICATES_SKIPPED, "consumer" => consumer.to_string(),
+                "topic" => topic.to_string(), "reason" => "below_stored_offset"),
+        }
+    }
+
+    pub fn received(&self) {
+        self.received.increment(1);
+    }
+
+    pub fn below_stored_offset(&self) {
+        self.below_stored.increment(1);
+    }
+}
+
+/// A batch finished (every transaction of it committed).
+pub fn batch_committed(consumer: &str, topic: &str, o: &Outcome, took: Duration) {
+    let (c, t) = (consumer.to_string(), topic.to_string());
+    histogram!(BATCH_SIZE, "consumer" => c.clone(), "topic" => t.clone()).record(o.records as f64);
+    histogram!(BATCH_DURATION, "consumer" => c.clone(), "topic" => t.clone())
+        .record(took.as_secs_f64());
+    for (phase, d) in [
+        ("fence", o.phases.fence),
+        ("stage", o.phases.stage),
+        ("dedupe", o.phases.dedupe),
+        ("effect", o.phases.effect),
+        ("commit", o.phases.commit),
+    ] {
+        histogram!(BATCH_PHASE, "consumer" => c.clone(), "topic" => t.clone(), "phase" => phase)
+            .record(d.as_secs_f64());
+    }
+    histogram!(HANDLER_DURATION, "consumer" => c.clone()).record(o.phases.effect.as_secs_f64());
+    counter!(EFFECTS_APPLIED, "consumer" => c.clone(), "topic" => t.clone()).increment(o.effects);
+    counter!(DUPLICATES_SKIPPED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => "dedupe_key")
+        .increment(o.duplicates);
+    counter!(DUPLICATES_SKIPPED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => "business_key")
+        .increment(o.business_duplicates);
+    counter!(TRANSIENT_RETRIES, "consumer" => c.clone(), "topic" => t.clone()).increment(o.retries);
+    for reason in &o.parked {
+        counter!(PARKED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => reason.as_str())
+            .increment(1);
+    }
+}
+
+/// Effects just committed: their end-to-end latency from the records' timestamps.
+pub fn effects_committed(consumer: &str, topic: &str, record_ts_ms: &[i64]) {
+    if record_ts_ms.is_empty() {
+        return;
+    }
+    let h =
+        histogram!(E2E_LATENCY, "consumer" => consumer.to_string(), "topic" => topic.to_string());
+    let now = chrono::Utc::now().timestamp_millis();
+    for ts in record_ts_ms {
+        h.record(((now - ts).max(0) as f64) / 1000.0);
+    }
+}
+
+pub fn fenced(consumer: &str, topic: &str, partition: i32) {
+    counter!(FENCED, "consumer" => consumer.to_string(), "topic" => topic.to_string(),
+        "partition" => partition.to_string())
+    .increment(1);
+}
+
+pub fn partitions_assigned(consumer: &str, n: usize, now_assigned: usize) {
+    counter!(REBALANCES, "consumer" => consumer.to_string()).increment(1);
+    counter!(PARTITIONS_ASSIGNED, "consumer" => consumer.to_string()).increment(n as u64);
+    gauge!(ASSIGNED_PARTITIONS, "consumer" => consumer.to_string()).set(now_assigned as f64);
+}
+
+pub fn partitions_revoked(consumer: &str, n: usize, now_assigned: usize) {
+    counter!(PARTITIONS_REVOKED, "consumer" => consumer.to_string()).increment(n as u64);
+    gauge!(ASSIGNED_PARTITIONS, "consumer" => consumer.to_string()).set(now_assigned as f64);
+}
+
+pub fn lag(consumer: &str, topic: &str, partition: i32, records: i64) {
+    gauge!(CONSUMER_LAG, "consumer" => consumer.to_string(), "topic" => topic.to_string(),
+        "partition" => partition.to_string())
+    .set(records.max(0) as f64);
+}
+
+pub fn dead_letters_waiting(consumer: &str, rows: i64) {
+    gauge!(DEAD_LETTERS_WAITING, "consumer" => consumer.to_string()).set(rows as f64);
+}
+
+pub fn dedupe_partition(date: chrono::NaiveDate, rows: f64, bytes: f64) {
+    let d = date.format("%Y-%m-%d").to_string();
+    gauge!(DEDUPE_PARTITION_ROWS, "day" => d.clone()).set(rows);
+    gauge!(DEDUPE_PARTITION_BYTES, "day" => d).set(bytes);
+}
+
+pub fn dedupe_partitions_ahead(days: i64) {
+    gauge!(DEDUPE_PARTITIONS_AHEAD).set(days as f64);
+}
+
+pub fn pool(in_use: usize, idle: usize) {
+    gauge!(POOL_CONNECTIONS, "state" => "in_use").set(in_use as f64);
+    gauge!(POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
+}
