@@ -27,8 +27,14 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
+# The Prometheus config, alert rules (with their unit tests) and Grafana dashboard under grafana/:
+# promtool (Debian's prometheus package, installed if missing) and a JSON check. No service needed.
+.PHONY: monitoring-check
+monitoring-check:
+	bash scripts/check-monitoring.sh
+
 # Every test, then a short demo run (10 s at 500 msg/s, debug build) that must verify.
-test: up lint migrate
+test: up lint monitoring-check migrate
 	$(WITH_ENV) cargo test --workspace
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
 

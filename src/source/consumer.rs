@@ -452,6 +452,7 @@ impl Source {
             stats: Arc::clone(&self.stats),
             metrics: crate::metrics::PartitionMetrics::new(&self.config.name, &tp.0, tp.1),
             next_offset: claim.next_offset,
+            limit: self.config.batch.max_messages,
         };
         let exits = exits.clone();
         let key = tp.clone();

@@ -38,6 +38,8 @@ pub struct PartitionTask {
     pub metrics: PartitionMetrics,
     /// Where PostgreSQL says this partition resumes; records below it were applied already.
     pub next_offset: Option<i64>,
+    /// The count bound of the next batch: `batch.max_messages`, grown while catching up.
+    pub limit: usize,
 }
 
 /// How a partition task ended.
@@ -125,15 +127,28 @@ impl PartitionTask {
         };
         self.take(first, &mut batch);
         let deadline = Instant::now() + bounds.linger;
-        while batch.len() < bounds.max_messages
+        let mut drained = false;
+        while batch.len() < self.limit
             && batch.bytes < bounds.max_bytes
             && Instant::now() < deadline
         {
             match self.queue.recv().now_or_never() {
                 Some(m) => self.take(m, &mut batch),
-                None => break,
+                None => {
+                    drained = true;
+                    break;
+                }
             }
         }
+        // A batch that filled up with records still waiting means a backlog: let the next one
+        // be larger. One that emptied the queue means we are caught up: back to the base.
+        self.limit = if drained {
+            bounds.max_messages
+        } else if batch.len() >= self.limit {
+            (self.limit * 2).min(bounds.backlog_max_messages.max(bounds.max_messages))
+        } else {
+            self.limit
+        };
         Some(batch)
     }
 
