@@ -6,7 +6,7 @@ STACK := scripts/stack.sh
 # Every command that talks to the stack reads its addresses from .stack/env.
 WITH_ENV := source .stack/env &&
 
-.PHONY: up down status build migrate lint test demo bench microbench
+.PHONY: up down status build migrate lint test demo bench microbench chaos
 
 up:
 	@$(STACK) up >/dev/null
@@ -33,9 +33,14 @@ lint:
 monitoring-check:
 	bash scripts/check-monitoring.sh
 
-# Every test, then a short demo run (10 s at 500 msg/s, debug build) that must verify.
+# Debug builds carry the chaos failpoints (inert unless FAILPOINTS is set); release never does.
+DEBUG_FEATURES := --features effectively/failpoints
+
+# Every test, the short chaos subset, then a short demo run (10 s at 500 msg/s) that must verify.
 test: up lint monitoring-check migrate
-	$(WITH_ENV) cargo test --workspace
+	cargo build -q --workspace --bins $(DEBUG_FEATURES)
+	$(WITH_ENV) cargo test --workspace $(DEBUG_FEATURES)
+	$(WITH_ENV) target/debug/loadgen chaos --quick
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
 
 # Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
@@ -54,3 +59,10 @@ bench: up
 # Criterion micro-benchmarks of the per-record hot paths (no services needed).
 microbench:
 	cargo bench --bench hot_paths
+
+# Fault injection: every scenario of docs/RELIABILITY.md against real worker processes (built
+# with the failpoints feature), each verified exactly-once. Writes target/chaos/report.json.
+# It crashes the local PostgreSQL and Kafka on purpose: run it alone.
+chaos: up migrate
+	cargo build -q --workspace --bins $(DEBUG_FEATURES)
+	$(WITH_ENV) target/debug/loadgen chaos

@@ -32,7 +32,8 @@ say "building ($PROFILE)"
 if [ "$PROFILE" = release ]; then
   cargo build -q --release --workspace --bins
 else
-  cargo build -q --workspace --bins
+  # The same features as `make test`'s debug build, so nothing is rebuilt.
+  cargo build -q --workspace --bins --features effectively/failpoints
 fi
 BIN=target/$PROFILE
 "$BIN/effectively" migrate >/dev/null

@@ -8,6 +8,7 @@
 #   scripts/stack.sh logs      paths of the log files
 #   scripts/stack.sh env       print the environment (KAFKA_BROKERS, DATABASE_URL)
 #   scripts/stack.sh reset     down, then delete data (keeps the cached jars)
+#   scripts/stack.sh pg-crash | kafka-crash   stop a service the hard way (then `up` again)
 #   scripts/stack.sh kafka CLASS ARGS...   run a Kafka tool, e.g.
 #        scripts/stack.sh kafka org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list
 #
@@ -289,13 +290,21 @@ case "${1:-}" in
     rm -rf "$KAFKA_HOME/data" "$KAFKA_HOME/port" "$STACK_DIR/pg.port"
     if [ -e "$STACK_DIR/pg" ]; then rm -rf "$(pg_data_dir)"; rm -rf "$STACK_DIR/pg"; fi
     ;;
+  # Fault injection for `make chaos`: crash a service the hard way, and bring it back.
+  pg-crash)
+    as_postgres "$(pg_bin)/pg_ctl" -D "$(pg_data_dir)" -m immediate stop >/dev/null
+    ;;
+  kafka-crash)
+    pid_alive "$KAFKA_HOME/pid" && kill -KILL "$(cat "$KAFKA_HOME/pid")"
+    rm -f "$KAFKA_HOME/pid"
+    ;;
   kafka)
     shift
     kafka_jars
     kafka_java "$@"
     ;;
   *)
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,17p' "$0" >&2
     exit 2
     ;;
 esac

@@ -68,6 +68,8 @@ pub enum Command {
 /// Runs a parsed command line to completion.
 pub fn main(cli: Cli) -> ExitCode {
     init_tracing(cli.log_format);
+    // FAILPOINTS (only in builds with the `failpoints` feature: `make chaos`).
+    let _failpoints = fail::FailScenario::setup();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -178,7 +180,10 @@ fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn,refinery_core=warn")
     });
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Logs go to stderr: stdout is for what a command prints (migrate, check-config).
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -316,7 +316,7 @@ async fn drain(bin: &Path, args: &BenchArgs, strategy: &str, events: u64) -> any
     let records = produced.acked();
     eprintln!("   topic pre-filled: {records} records; starting the worker");
     let worker = Worker::start(bin, args, &name, strategy).await?;
-    let report = finish_stage(&session, &spec, produced).await?;
+    let report = finish_stage(&session, &spec, &produced).await?;
     let (rss_mb, cpu_s) = worker.usage();
     worker.stop().await?;
     // From the first to the last commit.
@@ -372,7 +372,7 @@ async fn latency(
         }];
         s.report_dir = args.out.join(format!("{name}-{rate}"));
         let produced = produce_stage(&session, &s).await?;
-        let r = finish_stage(&session, &s, produced).await?;
+        let r = finish_stage(&session, &s, &produced).await?;
         eprintln!(
             "   at {rate}/s: p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, verified: {}",
             r.latency_ms.p50, r.latency_ms.p99, r.latency_ms.p999, r.verified

@@ -4,6 +4,7 @@
 //! `report.json` and a self-contained `report.html`, and exits non-zero unless verified.
 
 mod bench;
+mod chaos;
 mod produce;
 mod report;
 mod verify;
@@ -108,6 +109,8 @@ enum Command {
     /// `make bench`: the SQL ceiling, the batch and per-message strategies draining a
     /// pre-filled topic, and latency at 500 and 2,000 msg/s, side by side in one run.
     Bench(bench::BenchArgs),
+    /// `make chaos`: fault-injection scenarios, each verified exactly-once.
+    Chaos(chaos::ChaosArgs),
 }
 
 #[tokio::main]
@@ -116,6 +119,7 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Bench(b)) => bench::run(b).await,
+        Some(Command::Chaos(c)) => chaos::run(c).await,
         None => run(cli.run).await,
     };
     match result {
@@ -225,7 +229,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let spec = Spec::from_args(&args)?;
     let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
-    let report = finish_stage(&session, &spec, produced).await?;
+    let report = finish_stage(&session, &spec, &produced).await?;
     println!("{}", report::summary_table(&report));
     println!(
         "report: {} and {}",
@@ -335,7 +339,7 @@ pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Pro
 pub async fn finish_stage(
     session: &Session,
     spec: &Spec,
-    produced: Produced,
+    produced: &Produced,
 ) -> anyhow::Result<Report> {
     let drain_start = Instant::now();
     let drained = loop {

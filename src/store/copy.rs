@@ -78,10 +78,15 @@ pub async fn stage(
     with_payload: bool,
     fresh: bool,
 ) -> Result<(), StoreError> {
-    let data = encode(rows, with_payload, fresh);
+    let mut data = encode(rows, with_payload, fresh);
     let sink = tx.copy_in(COPY_IN).await?;
     pin_mut!(sink);
+    // Two CopyData messages (the protocol allows any split), so that a chaos failpoint can
+    // kill the process with the server holding half a COPY.
+    let rest = data.split_off(data.len() / 2);
     sink.send(data).await?;
+    fail::fail_point!("mid_copy", |_| std::process::abort());
+    sink.send(rest).await?;
     sink.finish().await?;
     Ok(())
 }

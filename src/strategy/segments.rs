@@ -261,8 +261,12 @@ async fn attempt(
     if !shape.fence_first && !fence().await? {
         return Err(AttemptError::Fenced);
     }
+    // Chaos: the process dies with the transaction complete but not committed.
+    fail::fail_point!("before_commit", |_| std::process::abort());
     let committing = Instant::now();
     tx.commit().await?;
+    // Chaos: committed in PostgreSQL, Kafka not told yet.
+    fail::fail_point!("after_commit", |_| std::process::abort());
     let phases = super::Phases {
         fence: fenced_at - t0,
         stage: body_out.stage,
