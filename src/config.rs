@@ -641,7 +641,8 @@ idle_in_transaction_timeout = "1m"
 # gives up on this member.
 revoke_deadline = "20s"
 shutdown_deadline = "30s"
-# metrics_addr = "127.0.0.1:9898"   # default: no metrics endpoint
+# metrics_addr = "127.0.0.1:9464"   # `effectively run` serves /metrics here by default
+#                                   # (--metrics-addr overrides it, or `off`)
 
 # Credits 2% cashback for every payment, a batch of fresh messages per transaction.
 [[consumer]]

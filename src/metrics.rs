@@ -103,7 +103,7 @@ fn describe() {
     describe_histogram!(
         E2E_LATENCY,
         Unit::Seconds,
-        "From the record's timestamp to the commit of its effect, per applied message."
+        "From the record's timestamp to the commit of its transaction, per fresh message (a new dedupe key: its effect, or a business-key duplicate's no-op)."
     );
     describe_histogram!(
         BATCH_SIZE,
@@ -217,6 +217,14 @@ impl PartitionMetrics {
             ("topic", topic.to_string()),
             ("partition", partition.to_string()),
         ];
+        // Zero series from the start, so rate() and increase() see the first parked message
+        // of each reason and the first fence.
+        for reason in crate::envelope::Reason::ALL {
+            counter!(PARKED, "consumer" => consumer.to_string(), "topic" => topic.to_string(),
+                "reason" => reason.as_str())
+            .increment(0);
+        }
+        counter!(FENCED, &labels).increment(0);
         PartitionMetrics {
             received: counter!(RECORDS_RECEIVED, &labels),
             below_stored: counter!(DUPLICATES_SKIPPED, "consumer" => consumer.to_string(),
@@ -239,17 +247,24 @@ pub fn batch_committed(consumer: &str, topic: &str, o: &Outcome, took: Duration)
     histogram!(BATCH_SIZE, "consumer" => c.clone(), "topic" => t.clone()).record(o.records as f64);
     histogram!(BATCH_DURATION, "consumer" => c.clone(), "topic" => t.clone())
         .record(took.as_secs_f64());
-    for (phase, d) in [
-        ("fence", o.phases.fence),
-        ("stage", o.phases.stage),
-        ("dedupe", o.phases.dedupe),
-        ("effect", o.phases.effect),
-        ("commit", o.phases.commit),
+    // Phases that did not run in this batch (nothing to stage, nothing fresh) are not
+    // recorded as zeros.
+    let candidates = o.fresh + o.duplicates > 0;
+    for (phase, d, ran) in [
+        ("fence", o.phases.fence, true),
+        ("stage", o.phases.stage, candidates),
+        ("dedupe", o.phases.dedupe, candidates),
+        ("effect", o.phases.effect, o.fresh > 0),
+        ("commit", o.phases.commit, true),
     ] {
-        histogram!(BATCH_PHASE, "consumer" => c.clone(), "topic" => t.clone(), "phase" => phase)
-            .record(d.as_secs_f64());
+        if ran {
+            histogram!(BATCH_PHASE, "consumer" => c.clone(), "topic" => t.clone(), "phase" => phase)
+                .record(d.as_secs_f64());
+        }
     }
-    histogram!(HANDLER_DURATION, "consumer" => c.clone()).record(o.phases.effect.as_secs_f64());
+    if o.fresh > 0 {
+        histogram!(HANDLER_DURATION, "consumer" => c.clone()).record(o.phases.effect.as_secs_f64());
+    }
     counter!(EFFECTS_APPLIED, "consumer" => c.clone(), "topic" => t.clone()).increment(o.effects);
     counter!(DUPLICATES_SKIPPED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => "dedupe_key")
         .increment(o.duplicates);
@@ -262,7 +277,7 @@ pub fn batch_committed(consumer: &str, topic: &str, o: &Outcome, took: Duration)
     }
 }
 
-/// Effects just committed: their end-to-end latency from the records' timestamps.
+/// Fresh messages just committed: their end-to-end latency from the records' timestamps.
 pub fn effects_committed(consumer: &str, topic: &str, record_ts_ms: &[i64]) {
     if record_ts_ms.is_empty() {
         return;

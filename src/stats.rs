@@ -23,8 +23,8 @@ pub struct Stats {
     pub batches: AtomicU64,
     pub fenced: AtomicU64,
     pub rebalances: AtomicU64,
-    /// The last offset committed per partition (PostgreSQL first, then Kafka).
-    committed: Mutex<BTreeMap<i32, i64>>,
+    /// Where PostgreSQL has each (topic, partition) this worker holds.
+    committed: Mutex<BTreeMap<(String, i32), i64>>,
 }
 
 /// A copy of the counters at one moment.
@@ -70,15 +70,23 @@ impl Stats {
         self.rebalances.fetch_add(1, Relaxed);
     }
 
-    pub fn committed_offset(&self, partition: i32, next: i64) {
+    pub fn committed_offset(&self, topic: &str, partition: i32, next: i64) {
         self.committed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(partition, next);
+            .insert((topic.to_string(), partition), next);
     }
 
-    /// The next offset last committed for each partition this worker has held.
-    pub fn committed_offsets(&self) -> BTreeMap<i32, i64> {
+    /// The partition is no longer this worker's: forget where it was.
+    pub fn released(&self, topic: &str, partition: i32) {
+        self.committed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(topic.to_string(), partition));
+    }
+
+    /// The next offset stored in PostgreSQL for each (topic, partition) this worker holds.
+    pub fn committed_offsets(&self) -> BTreeMap<(String, i32), i64> {
         self.committed
             .lock()
             .unwrap_or_else(|p| p.into_inner())

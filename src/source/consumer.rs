@@ -79,7 +79,7 @@ impl ClientContext for RebalanceContext {
                 if *p < 0 || !part.desired || part.hi_offset < 0 {
                     continue;
                 }
-                if let Some(next) = stored.get(p) {
+                if let Some(next) = stored.get(&(topic.clone(), *p)) {
                     crate::metrics::lag(&self.name, topic, *p, part.hi_offset - next);
                 }
             }
@@ -336,6 +336,11 @@ impl Source {
                     }
                     Event::Revoke { partitions, done } => {
                         let stopping: Vec<Running> = partitions.iter().filter_map(|tp| running.remove(tp)).collect();
+                        for tp in &partitions {
+                            // Not ours any more: stop reporting its lag (the new owner does).
+                            self.stats.released(&tp.0, tp.1);
+                            crate::metrics::lag(&self.config.name, &tp.0, tp.1, 0);
+                        }
                         crate::metrics::partitions_revoked(&self.config.name, partitions.len(), running.len());
                         drain(stopping, self.revoke_deadline).await;
                         drop(done);
@@ -419,7 +424,7 @@ impl Source {
     ) -> Option<Running> {
         let queue = consumer.split_partition_queue(&tp.0, tp.1)?;
         if let Some(next) = claim.next_offset {
-            self.stats.committed_offset(tp.1, next);
+            self.stats.committed_offset(&tp.0, tp.1, next);
         }
         let offset = match claim.next_offset {
             Some(o) => Offset::Offset(o),

@@ -65,7 +65,8 @@ impl PartitionTask {
                 continue;
             }
             let committed = |next: i64| {
-                self.stats.committed_offset(self.ctx.partition, next);
+                self.stats
+                    .committed_offset(&self.ctx.topic, self.ctx.partition, next);
                 self.store_offset(next);
             };
             let last = batch.next_offset();
