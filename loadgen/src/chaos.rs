@@ -420,6 +420,9 @@ async fn scenario(
     let live = faults?;
     let sent = produced.log.len() as u64;
     let acked = produced.acked();
+    // A fresh session for the verification: a crashed PostgreSQL took the first one's
+    // connection with it.
+    let session = Session::open(&spec).await?;
     let mut report = finish_stage(&session, &spec, &produced).await?;
     let mut extra_ok = true;
     if name == "offsets-reset" {
