@@ -7,7 +7,7 @@
 # started again (a real rebalance); then loadgen verifies the ledger and prints the latency
 # summary. Exits non-zero if anything was lost or doubled.
 #
-#   DEMO_SECONDS=60 DEMO_RATE=2000 DEMO_PROFILE=release scripts/demo.sh
+#   DEMO_SECONDS=60 DEMO_RATE=2000 DEMO_PROFILE=release DEMO_PROMETHEUS=0 scripts/demo.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -70,9 +70,21 @@ stop_worker() {
 }
 cleanup() {
   for w in "${!PIDS[@]}"; do kill -TERM "${PIDS[$w]}" 2>/dev/null || true; done
+  [ -n "${PROM:-}" ] && kill -TERM "$PROM" 2>/dev/null
   wait 2>/dev/null || true
 }
 trap cleanup EXIT
+
+# DEMO_PROMETHEUS=1: record the workers' metrics with Debian's Prometheus while the demo runs
+# (grafana/prometheus.yml scrapes 127.0.0.1:9464 and 9465; data kept in target/demo/prometheus).
+if [ "${DEMO_PROMETHEUS:-0}" = 1 ]; then
+  command -v prometheus >/dev/null || bash scripts/check-monitoring.sh >/dev/null
+  mkdir -p "$OUT/prometheus"
+  prometheus --config.file=grafana/prometheus.yml --storage.tsdb.path="$OUT/prometheus" \
+    --web.listen-address=127.0.0.1:9090 >"$OUT/prometheus.log" 2>&1 &
+  PROM=$!
+  say "prometheus on http://127.0.0.1:9090 (data: $OUT/prometheus)"
+fi
 
 say "starting workers a and b (logs: $OUT/worker-*.log)"
 : >"$OUT/worker-a.log"; : >"$OUT/worker-b.log"

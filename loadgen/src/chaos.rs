@@ -73,6 +73,7 @@ const ALL: &[&str] = &[
     "rebalance-storm",
     "zombie",
     "postgres-crash",
+    "postgres-unreachable",
     "broker-crash",
     "pool-exhaustion",
     "poison-storm",
@@ -316,12 +317,21 @@ async fn scenario(
         quiet: true,
     };
     let session = Session::open(&spec).await?;
+    // Workers reach PostgreSQL through a proxy the scenario can cut.
+    let proxy = if name == "postgres-unreachable" {
+        Some(Proxy::start(&args.database_url).await?)
+    } else {
+        None
+    };
+    let database_url = proxy
+        .as_ref()
+        .map_or(args.database_url.clone(), |p| p.url.clone());
     let mut env = Env {
         bin,
         args,
         name: topic.clone(),
         config,
-        database_url: args.database_url.clone(),
+        database_url,
         workers: 0,
     };
     let stop = Arc::new(AtomicU64::new(0));
@@ -398,6 +408,17 @@ async fn scenario(
                     pause(3000).await;
                     stack("up").await?;
                 }
+            }
+            "postgres-unreachable" => {
+                live.push(env.start(None)?);
+                let proxy = proxy.as_ref().expect("started above");
+                pause(rng.u64(2000..4000)).await;
+                // Longer than the pool's connect timeout (5 s): established connections are
+                // cut and new ones refused, then it comes back.
+                proxy.cut(true);
+                pause(8000).await;
+                proxy.cut(false);
+                note = "connections cut and refused for 8 s".into();
             }
             "broker-crash" => {
                 live.push(env.start(None)?);
@@ -527,4 +548,58 @@ async fn offsets_equal(args: &ChaosArgs, topic: &str, partitions: i32) -> anyhow
         Offset::Offset(k) => stored.get(&e.partition()) == Some(&k),
         _ => !stored.contains_key(&e.partition()),
     }))
+}
+
+/// A TCP proxy in front of PostgreSQL that can cut every connection and refuse new ones.
+struct Proxy {
+    url: String,
+    cut: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Proxy {
+    async fn start(database_url: &str) -> anyhow::Result<Proxy> {
+        let cfg: tokio_postgres::Config = database_url.parse()?;
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        let upstream = format!("127.0.0.1:{port}");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let local = listener.local_addr()?;
+        let url = database_url.replacen(&format!(":{port}/"), &format!(":{}/", local.port()), 1);
+        anyhow::ensure!(
+            url != database_url,
+            "cannot point {database_url:?} at the proxy"
+        );
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                if *rx.borrow() {
+                    drop(client); // refused: closed at once
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let mut cut = rx.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let (mut c, mut s) = (client, server);
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut c, &mut s) => {}
+                        // Dropping both ends cuts the connection.
+                        _ = cut.wait_for(|c| *c) => {}
+                    }
+                });
+            }
+        });
+        Ok(Proxy {
+            url,
+            cut: Arc::new(tx),
+        })
+    }
+
+    fn cut(&self, on: bool) {
+        let _ = self.cut.send(on);
+    }
 }

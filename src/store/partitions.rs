@@ -50,27 +50,6 @@ pub async fn create<C: GenericClient + Sync>(
     }
 }
 
-/// The dates that have a partition, read from the catalog.
-pub async fn existing<C: GenericClient + Sync>(client: &C) -> Result<Vec<NaiveDate>, StoreError> {
-    let rows = client
-        .query(
-            "SELECT c.relname FROM pg_inherits i
-             JOIN pg_class c ON c.oid = i.inhrelid
-             JOIN pg_class p ON p.oid = i.inhparent
-             WHERE p.relname = $1 ORDER BY 1",
-            &[&PARENT],
-        )
-        .await?;
-    let prefix = format!("{PARENT}_p");
-    Ok(rows
-        .iter()
-        .filter_map(|r| {
-            let name: &str = r.get(0);
-            NaiveDate::parse_from_str(name.strip_prefix(&prefix)?, "%Y%m%d").ok()
-        })
-        .collect())
-}
-
 /// One daily partition's size, from the catalog's estimates (cheap: no scan).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Size {

@@ -36,6 +36,14 @@ pub struct PoolOptions {
 pub fn build(url: &str, opts: &PoolOptions) -> Result<Pool, PoolError> {
     let mut pg: tokio_postgres::Config = url.parse().map_err(PoolError::Url)?;
     pg.connect_timeout(opts.connect_timeout);
+    // A server that vanishes without closing the socket (a network partition, a stalled
+    // proxy) must not hold a batch forever: keepalives and the TCP user timeout turn silence
+    // into a connection error within about half a minute, which the strategies retry.
+    pg.keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3)
+        .tcp_user_timeout(Duration::from_secs(30));
     pg.application_name("effectively");
     pg.options(format!(
         "-c idle_in_transaction_session_timeout={}",
