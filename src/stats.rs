@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use crate::strategy::Outcome;
 
@@ -45,7 +44,7 @@ pub struct Snapshot {
 }
 
 impl Stats {
-    pub fn batch(&self, o: &Outcome, _took: Duration) {
+    pub fn batch(&self, o: &Outcome) {
         self.records.fetch_add(o.records, Relaxed);
         self.fresh.fetch_add(o.fresh, Relaxed);
         self.effects.fetch_add(o.effects, Relaxed);

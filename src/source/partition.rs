@@ -74,7 +74,7 @@ impl PartitionTask {
             match self.strategy.process(&self.ctx, batch, &committed).await {
                 Ok(outcome) => {
                     self.next_offset = last;
-                    self.stats.batch(&outcome, started.elapsed());
+                    self.stats.batch(&outcome);
                     metrics::batch_committed(
                         &self.ctx.consumer,
                         &self.ctx.topic,
