@@ -21,7 +21,7 @@ build:
 	cargo build --workspace --all-targets
 
 migrate: up
-	$(WITH_ENV) cargo run -q --bin effectively -- migrate
+	$(WITH_ENV) cargo run -q --bin effectively $(DEBUG_FEATURES) -- migrate
 
 lint:
 	cargo fmt --all -- --check
