@@ -19,6 +19,21 @@ pub struct Cli {
     pub command: Command,
 }
 
+#[derive(Debug, Subcommand)]
+pub enum RetentionAction {
+    /// Create partitions ahead and drop those past retention now (once; skipped if another
+    /// instance holds the maintenance lock).
+    Run {
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+    },
+    /// Each partition with its date, estimated rows and size, and what the next run will do.
+    Status {
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+    },
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -50,6 +65,23 @@ pub enum Command {
     },
     /// Print a complete, commented example config.
     ExampleConfig,
+    /// Dedupe retention: daily partitions created ahead, dropped past retention.
+    Retention {
+        #[command(subcommand)]
+        action: RetentionAction,
+    },
+    /// Size the dedupe table: records = rate x period, bytes per row measured on the live table
+    /// when it has rows (else the seed's 100 bytes).
+    Size {
+        /// Messages per second.
+        #[arg(long)]
+        rate: f64,
+        /// Retention in days.
+        #[arg(long, default_value_t = 15)]
+        days: u64,
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
     /// Benchmark: the batch transaction driven straight against PostgreSQL, no Kafka.
     /// Prints one JSON object (used by `make bench`).
     #[command(hide = true)]
@@ -146,6 +178,41 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             print!("{}", crate::config::EXAMPLE);
             Ok(())
         }
+        Command::Retention { action } => retention(action).await,
+        Command::Size {
+            rate,
+            days,
+            database_url,
+        } => {
+            let client = store::pool::connect(&database_url).await?;
+            let s = store::retention::size(&client, rate, days, 3).await?;
+            let gb = |b: f64| b / 1e9;
+            println!(
+                "rate {rate} msg/s x {days} days = {:.0} rows ({:.1} million)",
+                s.rows,
+                s.rows / 1e6
+            );
+            println!(
+                "bytes per row: {:.0} with indexes, {:.0} without ({})",
+                s.bytes_per_row,
+                s.heap_bytes_per_row,
+                if s.measured {
+                    "measured on the live table"
+                } else {
+                    "the seed's estimate: the table has too few rows to measure"
+                }
+            );
+            println!(
+                "size: {:.1} GB with indexes, {:.1} GB without",
+                gb(s.bytes),
+                gb(s.heap_bytes)
+            );
+            println!(
+                "daily partitions: {} ({days} kept + 1 day margin + today + 3 ahead)",
+                s.partitions
+            );
+            Ok(())
+        }
         Command::BenchCeiling {
             database_url,
             connections,
@@ -188,4 +255,71 @@ fn init_tracing(format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+async fn retention(action: RetentionAction) -> anyhow::Result<()> {
+    let (path, run) = match &action {
+        RetentionAction::Run { config } => (config, true),
+        RetentionAction::Status { config } => (config, false),
+    };
+    let config = Config::load(path)?;
+    let client = store::pool::connect(config.database.url.expose()).await?;
+    let ahead = config
+        .consumers
+        .iter()
+        .map(|c| c.partitions_ahead)
+        .max()
+        .unwrap_or(3);
+    // `run` declares this config's retention (as a worker does); `status` only reads.
+    let mut days = 1;
+    for c in &config.consumers {
+        let d = crate::worker::retention_days(c.retention);
+        if run {
+            store::retention::declare(&client, &c.name, d).await?;
+        }
+        days = days.max(d);
+    }
+    let days = store::retention::longest(&client)
+        .await?
+        .map_or(days, |db| db.max(days));
+    let today = chrono::Utc::now().date_naive();
+    if run {
+        let known = store::partitions::Known::default();
+        match store::retention::run(&client, &known, today, ahead, days).await? {
+            store::retention::Ran::Skipped => {
+                println!("skipped: another instance is running maintenance")
+            }
+            store::retention::Ran::Done { created, dropped } => {
+                println!("created {} partition(s): {created:?}", created.len());
+                println!("dropped {} partition(s): {dropped:?}", dropped.len());
+            }
+        }
+        return Ok(());
+    }
+    let plan = store::retention::plan(&client, today, ahead, days).await?;
+    println!(
+        "today {today}; longest retention {days} days; partitions before {} are dropped",
+        plan.drop_before
+    );
+    println!(
+        "{:<12} {:>14} {:>12}  next run",
+        "date", "rows (est.)", "size"
+    );
+    for p in &plan.partitions {
+        let action = if plan.drop.contains(&p.date) {
+            "drop"
+        } else {
+            "keep"
+        };
+        println!(
+            "{:<12} {:>14.0} {:>10.1}MB  {action}",
+            p.date,
+            p.rows,
+            p.bytes / 1e6
+        );
+    }
+    for d in &plan.create {
+        println!("{d:<12} {:>14} {:>12}  create", "-", "-");
+    }
+    Ok(())
 }

@@ -17,6 +17,7 @@ use crate::source::consumer::{check_deadlines, Source, SourceError};
 use crate::stats::Stats;
 use crate::store::partitions::Known;
 use crate::store::pool::{self, PoolOptions};
+use crate::store::retention;
 use crate::strategy::{batched::Batched, per_message::PerMessage, Strategy};
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +79,13 @@ impl Worker {
             .max()
             .unwrap_or(3);
         known.create_ahead(&client, today, ahead).await?;
+        // Declare what each consumer needs kept, before any instance's maintenance could drop it.
+        let mut longest_retention = 1;
+        for c in &config.consumers {
+            let days = retention_days(c.retention);
+            retention::declare(&client, &c.name, days).await?;
+            longest_retention = longest_retention.max(days);
+        }
 
         let worker_id = config.worker_id();
         let shutdown = CancellationToken::new();
@@ -120,9 +128,10 @@ impl Worker {
             tasks.spawn(source.run(shutdown.child_token()));
         }
         tasks.spawn(maintain_partitions(
-            pg.clone(),
+            url.clone(),
             known,
             ahead,
+            longest_retention,
             shutdown.child_token(),
         ));
         let names: Vec<String> = config.consumers.iter().map(|c| c.name.clone()).collect();
@@ -182,26 +191,35 @@ pub async fn run(
     }
 }
 
-/// Creates tomorrow's dedupe partitions before tomorrow comes, hourly.
+/// Retention maintenance, hourly: creates the dedupe partitions ahead and drops those past
+/// the longest declared retention. Runs on a connection of its own (a detach cannot run in a
+/// transaction) and only where it gets the maintenance lock: one instance at a time.
 async fn maintain_partitions(
-    pool: deadpool_postgres::Pool,
+    url: String,
     known: Arc<Known>,
     ahead: u32,
+    retention_days: i32,
     stop: CancellationToken,
 ) -> Result<(), SourceError> {
     loop {
+        let today = chrono::Utc::now().date_naive();
+        match pool::connect(&url).await {
+            Ok(client) => {
+                match retention::run(&client, &known, today, ahead, retention_days).await {
+                    Ok(retention::Ran::Skipped) => {
+                        tracing::debug!("maintenance: another instance holds the lock")
+                    }
+                    Ok(retention::Ran::Done { created, dropped }) => {
+                        tracing::info!(?created, ?dropped, "retention maintenance done")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "retention maintenance failed"),
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "retention maintenance: no connection"),
+        }
         tokio::select! {
             _ = stop.cancelled() => return Ok(()),
             _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
-        }
-        let today = chrono::Utc::now().date_naive();
-        match pool.get().await {
-            Ok(client) => {
-                if let Err(e) = known.create_ahead(&**client, today, ahead).await {
-                    tracing::warn!(error = %e, "creating dedupe partitions ahead failed");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "creating dedupe partitions ahead: no connection"),
         }
     }
 }
@@ -247,4 +265,9 @@ async fn sample_database(
         crate::metrics::dedupe_partition(s.date, s.rows, s.bytes);
     }
     Ok(())
+}
+
+/// A retention window in whole days (as the retention guard counts them), at least 1.
+pub fn retention_days(retention: Duration) -> i32 {
+    ((retention.as_secs() / 86_400).max(1)).min(i32::MAX as u64) as i32
 }

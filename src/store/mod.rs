@@ -9,6 +9,7 @@ pub mod migrate;
 pub mod offsets;
 pub mod partitions;
 pub mod pool;
+pub mod retention;
 
 /// What the caller should do about a failed database call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,220 @@
+//! Retention: keep dedupe keys longer than any redelivery, and drop them a whole day at a
+//! time. Dropping a daily partition costs almost nothing, where batched `DELETE`s leave dead
+//! rows for vacuum and are what deadlock or time out in the peers' cleanup jobs.
+//!
+//! A partition (one event date) is dropped when it is older than the longest retention any
+//! consumer declared (`retention_policies`) plus one day of margin: the retention guard
+//! refuses copies older than the window, so nothing can still be inserted into a partition
+//! that is dropped. Only one instance runs maintenance at a time (an advisory lock), however
+//! many workers there are; the others skip it.
+
+use chrono::{Days, NaiveDate};
+use tokio_postgres::Client;
+
+use super::partitions::{self, Size, PARENT};
+use super::StoreError;
+
+/// Held by the instance that runs maintenance.
+const MAINTENANCE_LOCK: i64 = 0x6566_6665_6374_0002;
+
+/// Days kept after the retention window before a partition is dropped.
+pub const MARGIN_DAYS: u64 = 1;
+
+/// Records `consumer`'s retention so that no instance drops what it still needs.
+pub async fn declare(
+    client: &Client,
+    consumer: &str,
+    retention_days: i32,
+) -> Result<(), StoreError> {
+    client
+        .execute(
+            "INSERT INTO retention_policies (consumer, retention_days) VALUES ($1, $2)
+             ON CONFLICT (consumer) DO UPDATE
+             SET retention_days = EXCLUDED.retention_days, updated_at = now()",
+            &[&consumer, &retention_days],
+        )
+        .await?;
+    Ok(())
+}
+
+/// The longest retention declared, in days, if any.
+pub async fn longest(client: &Client) -> Result<Option<i32>, StoreError> {
+    Ok(client
+        .query_one("SELECT max(retention_days) FROM retention_policies", &[])
+        .await?
+        .get(0))
+}
+
+/// What a maintenance run will do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub today: NaiveDate,
+    pub retention_days: i32,
+    /// Partitions of these dates are dropped (older than retention + margin).
+    pub drop_before: NaiveDate,
+    pub create: Vec<NaiveDate>,
+    pub drop: Vec<NaiveDate>,
+    pub partitions: Vec<Size>,
+}
+
+/// Computes the plan for `today`, creating `ahead` days ahead.
+pub async fn plan(
+    client: &Client,
+    today: NaiveDate,
+    ahead: u32,
+    retention_days: i32,
+) -> Result<Plan, StoreError> {
+    let partitions = partitions::sizes(client).await?;
+    let drop_before = today - Days::new(retention_days.max(1) as u64 + MARGIN_DAYS);
+    let existing: Vec<NaiveDate> = partitions.iter().map(|s| s.date).collect();
+    let create = (0..=ahead as u64)
+        .map(|d| today + Days::new(d))
+        .filter(|d| !existing.contains(d))
+        .collect();
+    let drop = existing
+        .iter()
+        .copied()
+        .filter(|d| *d < drop_before)
+        .collect();
+    Ok(Plan {
+        today,
+        retention_days,
+        drop_before,
+        create,
+        drop,
+        partitions,
+    })
+}
+
+/// What a run did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ran {
+    /// Another instance holds the maintenance lock.
+    Skipped,
+    Done {
+        created: Vec<NaiveDate>,
+        dropped: Vec<NaiveDate>,
+    },
+}
+
+/// Creates partitions ahead and drops those past retention, if this instance gets the lock.
+/// `client` must not be inside a transaction (`DETACH ... CONCURRENTLY` cannot be).
+pub async fn run(
+    client: &Client,
+    known: &partitions::Known,
+    today: NaiveDate,
+    ahead: u32,
+    fallback_retention_days: i32,
+) -> Result<Ran, StoreError> {
+    let got: bool = client
+        .query_one("SELECT pg_try_advisory_lock($1)", &[&MAINTENANCE_LOCK])
+        .await?
+        .get(0);
+    if !got {
+        return Ok(Ran::Skipped);
+    }
+    let result = run_locked(client, known, today, ahead, fallback_retention_days).await;
+    let _ = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MAINTENANCE_LOCK])
+        .await;
+    result
+}
+
+async fn run_locked(
+    client: &Client,
+    known: &partitions::Known,
+    today: NaiveDate,
+    ahead: u32,
+    fallback_retention_days: i32,
+) -> Result<Ran, StoreError> {
+    let retention = longest(client).await?.unwrap_or(fallback_retention_days);
+    let p = plan(client, today, ahead, retention).await?;
+    known.ensure(client, p.create.iter().copied()).await?;
+    for date in &p.drop {
+        drop_partition(client, *date).await?;
+        known.forget(*date);
+        tracing::info!(%date, retention_days = retention, "dropped dedupe partition past retention");
+    }
+    Ok(Ran::Done {
+        created: p.create,
+        dropped: p.drop,
+    })
+}
+
+/// Detaches the partition without blocking writers of the other partitions, then drops it.
+/// A detach interrupted earlier (left pending) is finalized first.
+pub async fn drop_partition(client: &Client, date: NaiveDate) -> Result<(), StoreError> {
+    let name = partitions::name_for(date);
+    let pending: Option<bool> = client
+        .query_opt(
+            "SELECT i.inhdetachpending FROM pg_inherits i
+             JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relname = $1",
+            &[&name],
+        )
+        .await?
+        .map(|r| r.get(0));
+    match pending {
+        Some(true) => {
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE {PARENT} DETACH PARTITION {name} FINALIZE"
+                ))
+                .await?
+        }
+        Some(false) => {
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE {PARENT} DETACH PARTITION {name} CONCURRENTLY"
+                ))
+                .await?
+        }
+        None => {} // already detached
+    }
+    client
+        .batch_execute(&format!("DROP TABLE IF EXISTS {name}"))
+        .await?;
+    Ok(())
+}
+
+/// The seed's sizing formula, records = rate x period, with the bytes per row measured on the
+/// live dedupe table when it has rows (else the seed's 100 bytes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sizing {
+    pub rows: f64,
+    pub bytes_per_row: f64,
+    pub heap_bytes_per_row: f64,
+    pub measured: bool,
+    pub bytes: f64,
+    pub heap_bytes: f64,
+    pub partitions: u64,
+}
+
+pub async fn size(client: &Client, rate: f64, days: u64, ahead: u32) -> Result<Sizing, StoreError> {
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8,
+                    coalesce(sum(pg_total_relation_size(c.oid)), 0)::float8,
+                    coalesce(sum(pg_relation_size(c.oid)), 0)::float8
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = $1",
+            &[&PARENT],
+        )
+        .await?;
+    let (tuples, total, heap): (f64, f64, f64) = (row.get(0), row.get(1), row.get(2));
+    let measured = tuples >= 1000.0;
+    let (per_row, heap_per_row) = if measured {
+        (total / tuples, heap / tuples)
+    } else {
+        (100.0, 60.0)
+    };
+    let rows = rate * 86_400.0 * days as f64;
+    Ok(Sizing {
+        rows,
+        bytes_per_row: per_row,
+        heap_bytes_per_row: heap_per_row,
+        measured,
+        bytes: rows * per_row,
+        heap_bytes: rows * heap_per_row,
+        partitions: days + MARGIN_DAYS + 1 + ahead as u64,
+    })
+}
