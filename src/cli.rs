@@ -82,6 +82,17 @@ pub enum Command {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
+    /// Benchmark: dropping a daily partition against deleting its rows in batches (time and
+    /// WAL). Prints one JSON object (used by `make bench`).
+    #[command(hide = true)]
+    BenchRetention {
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+        #[arg(long, default_value_t = 5_000_000)]
+        keys: i64,
+        #[arg(long, default_value_t = 10_000)]
+        batch: i64,
+    },
     /// Benchmark: the batch transaction driven straight against PostgreSQL, no Kafka.
     /// Prints one JSON object (used by `make bench`).
     #[command(hide = true)]
@@ -179,6 +190,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Retention { action } => retention(action).await,
+        Command::BenchRetention {
+            database_url,
+            keys,
+            batch,
+        } => {
+            let client = store::pool::connect(&database_url).await?;
+            let r = store::retention::bench_drop_vs_delete(&client, keys, batch).await?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
         Command::Size {
             rate,
             days,

@@ -44,6 +44,7 @@ pub struct BenchArgs {
 }
 
 struct Sizes {
+    retention_keys: u64,
     ceiling: u64,
     batch: u64,
     per_message: u64,
@@ -60,6 +61,7 @@ impl Sizes {
                 .context("BENCH_SCALE must be full, quick or a number")?,
         };
         Ok(Sizes {
+            retention_keys: ((5_000_000.0 * f) as u64).max(10_000),
             ceiling: ((200_000.0 * f) as u64).max(2_000),
             batch: ((1_000_000.0 * f) as u64).max(1_000),
             per_message: ((20_000.0 * f) as u64).max(5_000),
@@ -110,6 +112,8 @@ struct BenchReport {
     verified: bool,
     batch: Drain,
     per_message: Drain,
+    /// Dropping a daily partition of dedupe keys against deleting the same rows in batches.
+    retention: serde_json::Value,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -162,6 +166,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         at_2000: l2000,
     };
     report.verified = report.batch.verified && report.per_message.verified && lat_ok;
+
+    eprintln!(
+        "== retention: drop a daily partition of {} keys vs batched DELETE",
+        sizes.retention_keys
+    );
+    report.retention = retention(&bin, &args, sizes.retention_keys).await?;
 
     let path = args.out.join("report.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")?;
@@ -388,4 +398,30 @@ async fn latency(
     let l2000 = out.pop().unwrap_or_default();
     let l500 = out.pop().unwrap_or_default();
     Ok((l500, l2000, ok))
+}
+
+async fn retention(bin: &Path, args: &BenchArgs, keys: u64) -> anyhow::Result<serde_json::Value> {
+    let out = tokio::process::Command::new(bin)
+        .args(["bench-retention", "--keys", &keys.to_string()])
+        .env("DATABASE_URL", &args.database_url)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "bench-retention failed: {:?}",
+        out.status
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    eprintln!(
+        "   DELETE {:.2} s and {} WAL bytes; drop {:.3} s and {} WAL bytes: {:.0}x the time, {:.0}x the WAL",
+        v["delete_seconds"].as_f64().unwrap_or(0.0),
+        v["delete_wal_bytes"],
+        v["drop_seconds"].as_f64().unwrap_or(0.0),
+        v["drop_wal_bytes"],
+        v["time_ratio"].as_f64().unwrap_or(0.0),
+        v["wal_ratio"].as_f64().unwrap_or(0.0)
+    );
+    Ok(v)
 }

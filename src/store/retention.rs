@@ -218,3 +218,97 @@ pub async fn size(client: &Client, rate: f64, days: u64, ahead: u32) -> Result<S
         partitions: days + MARGIN_DAYS + 1 + ahead as u64,
     })
 }
+
+/// What dropping a day costs against deleting it, measured on two identical partitions.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DropVsDelete {
+    pub keys: i64,
+    pub delete_batch: i64,
+    pub delete_seconds: f64,
+    pub delete_wal_bytes: i64,
+    pub drop_seconds: f64,
+    pub drop_wal_bytes: i64,
+    /// How many times longer the batched delete took.
+    pub time_ratio: f64,
+    pub wal_ratio: f64,
+}
+
+async fn wal_lsn(client: &Client) -> Result<String, StoreError> {
+    Ok(client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0))
+}
+
+async fn wal_since(client: &Client, lsn: &str) -> Result<i64, StoreError> {
+    Ok(client
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint",
+            &[&lsn],
+        )
+        .await?
+        .get(0))
+}
+
+/// Fills two old dates' partitions with `keys` keys each, then empties one with batched
+/// `DELETE`s of `batch` rows (the peers' cleanup jobs) and drops the other, timing both and
+/// counting the WAL each writes.
+pub async fn bench_drop_vs_delete(
+    client: &Client,
+    keys: i64,
+    batch: i64,
+) -> Result<DropVsDelete, StoreError> {
+    let known = partitions::Known::default();
+    let (a, b) = (
+        NaiveDate::from_ymd_opt(1999, 1, 1).expect("a date"),
+        NaiveDate::from_ymd_opt(1999, 1, 2).expect("a date"),
+    );
+    for d in [a, b] {
+        drop_partition(client, d).await?;
+    }
+    known.ensure(client, [a, b]).await?;
+    for d in [a, b] {
+        client
+            .execute(
+                "INSERT INTO processed_messages (consumer, message_id, event_date)
+                 SELECT 'bench-retention', gen_random_uuid(), $1 FROM generate_series(1, $2::bigint)",
+                &[&d, &keys],
+            )
+            .await?;
+    }
+    client.batch_execute("CHECKPOINT").await?;
+    let start = std::time::Instant::now();
+    let lsn = wal_lsn(client).await?;
+    let table_a = partitions::name_for(a);
+    loop {
+        let n = client
+            .execute(
+                &format!(
+                    "DELETE FROM {table_a} WHERE ctid IN (SELECT ctid FROM {table_a} LIMIT $1)"
+                ),
+                &[&batch],
+            )
+            .await?;
+        if n == 0 {
+            break;
+        }
+    }
+    let delete_seconds = start.elapsed().as_secs_f64();
+    let delete_wal_bytes = wal_since(client, &lsn).await?;
+    let start = std::time::Instant::now();
+    let lsn = wal_lsn(client).await?;
+    drop_partition(client, b).await?;
+    let drop_seconds = start.elapsed().as_secs_f64();
+    let drop_wal_bytes = wal_since(client, &lsn).await?;
+    drop_partition(client, a).await?;
+    Ok(DropVsDelete {
+        keys,
+        delete_batch: batch,
+        delete_seconds,
+        delete_wal_bytes,
+        drop_seconds,
+        drop_wal_bytes,
+        time_ratio: delete_seconds / drop_seconds.max(1e-6),
+        wal_ratio: delete_wal_bytes as f64 / (drop_wal_bytes.max(1)) as f64,
+    })
+}
