@@ -92,6 +92,12 @@ pub enum Command {
         keys: i64,
         #[arg(long, default_value_t = 10_000)]
         batch: i64,
+        /// `compare` (fill two days, delete one, drop the other), or `prepare` / `drop` one
+        /// day (`--date`), to drop it while a worker runs.
+        #[arg(long, default_value = "compare")]
+        mode: String,
+        #[arg(long, default_value = "1999-01-03")]
+        date: chrono::NaiveDate,
     },
     /// Benchmark: the batch transaction driven straight against PostgreSQL, no Kafka.
     /// Prints one JSON object (used by `make bench`).
@@ -194,10 +200,27 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             database_url,
             keys,
             batch,
+            mode,
+            date,
         } => {
             let client = store::pool::connect(&database_url).await?;
-            let r = store::retention::bench_drop_vs_delete(&client, keys, batch).await?;
-            println!("{}", serde_json::to_string(&r)?);
+            match mode.as_str() {
+                "compare" => {
+                    let r = store::retention::bench_drop_vs_delete(&client, keys, batch).await?;
+                    println!("{}", serde_json::to_string(&r)?);
+                }
+                "prepare" => {
+                    store::retention::bench_fill(&client, date, keys).await?;
+                    println!("{{\"prepared\":\"{date}\",\"keys\":{keys}}}");
+                }
+                "drop" => {
+                    let started = std::time::Instant::now();
+                    store::retention::drop_partition(&client, date).await?;
+                    let s = started.elapsed().as_secs_f64();
+                    println!("{{\"dropped\":\"{date}\",\"drop_seconds\":{s}}}");
+                }
+                other => anyhow::bail!("--mode {other:?}: expected compare, prepare or drop"),
+            }
             Ok(())
         }
         Command::Size {

@@ -114,6 +114,18 @@ struct BenchReport {
     per_message: Drain,
     /// Dropping a daily partition of dedupe keys against deleting the same rows in batches.
     retention: serde_json::Value,
+    /// The batch drain's throughput in the second(s) a daily partition was being dropped,
+    /// against the drain's median second.
+    drop_during_drain: DropDuringDrain,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct DropDuringDrain {
+    keys: u64,
+    drop_seconds: f64,
+    msg_s_during_drop: f64,
+    msg_s_median: f64,
+    ratio: f64,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -143,12 +155,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         .max(report.ceiling_6_connections_msg_s);
 
     eprintln!("== 2/4 batch strategy draining {} events", sizes.batch);
-    report.batch = drain(&bin, &args, "batch", sizes.batch).await?;
+    let (batch, during) = drain(&bin, &args, "batch", sizes.batch, sizes.retention_keys).await?;
+    report.batch = batch;
+    report.drop_during_drain = during.unwrap_or_default();
     eprintln!(
         "== 3/4 per-message strategy draining {} events",
         sizes.per_message
     );
-    report.per_message = drain(&bin, &args, "per-message", sizes.per_message).await?;
+    report.per_message = drain(&bin, &args, "per-message", sizes.per_message, 0)
+        .await?
+        .0;
     report.batch_msg_s = report.batch.msg_s;
     report.per_message_msg_s = report.per_message.msg_s;
     report.batch_vs_per_message = ratio(report.batch_msg_s, report.per_message_msg_s);
@@ -194,20 +210,14 @@ async fn ceiling(
     connections: usize,
     messages: u64,
 ) -> anyhow::Result<f64> {
-    let out = tokio::process::Command::new(bin)
-        .args(["bench-ceiling", "--connections", &connections.to_string()])
-        .args(["--messages", &messages.to_string()])
-        .env("DATABASE_URL", &args.database_url)
-        .stderr(Stdio::inherit())
-        .output()
-        .await
-        .with_context(|| format!("running {}", bin.display()))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "bench-ceiling failed: {:?}",
-        out.status
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let c = connections.to_string();
+    let m = messages.to_string();
+    let v = engine_json(
+        bin,
+        args,
+        &["bench-ceiling", "--connections", &c, "--messages", &m],
+    )
+    .await?;
     let msg_s = v["msg_s"]
         .as_f64()
         .context("bench-ceiling printed no msg_s")?;
@@ -314,7 +324,15 @@ fn resends_only() -> Mix {
 }
 
 /// Pre-fills a topic, then starts one worker and measures it draining the topic.
-async fn drain(bin: &Path, args: &BenchArgs, strategy: &str, events: u64) -> anyhow::Result<Drain> {
+/// Pre-fills a topic, then starts one worker and measures it draining the topic. With
+/// `drop_keys`, a daily partition of that many dedupe keys is dropped 5 s into the drain.
+async fn drain(
+    bin: &Path,
+    args: &BenchArgs,
+    strategy: &str,
+    events: u64,
+    drop_keys: u64,
+) -> anyhow::Result<(Drain, Option<DropDuringDrain>)> {
     let name = format!("bench-{strategy}-{:06x}", fastrand::u32(..0xffffff));
     let plan = vec![Step {
         rate: None,
@@ -324,9 +342,50 @@ async fn drain(bin: &Path, args: &BenchArgs, strategy: &str, events: u64) -> any
     let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
     let records = produced.acked();
+    if drop_keys > 0 {
+        eprintln!("   preparing a daily partition of {drop_keys} keys to drop during the drain");
+        engine_json(
+            bin,
+            args,
+            &[
+                "bench-retention",
+                "--mode",
+                "prepare",
+                "--keys",
+                &drop_keys.to_string(),
+            ],
+        )
+        .await?;
+    }
     eprintln!("   topic pre-filled: {records} records; starting the worker");
     let worker = Worker::start(bin, args, &name, strategy).await?;
+    let dropper = (drop_keys > 0).then(|| {
+        let (bin, url, started_at) = (
+            bin.to_path_buf(),
+            args.database_url.clone(),
+            produced.started_at,
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let from = (chrono::Utc::now() - started_at).as_seconds_f64();
+            let out = tokio::process::Command::new(&bin)
+                .args(["bench-retention", "--mode", "drop"])
+                .env("DATABASE_URL", &url)
+                .output()
+                .await;
+            let to = (chrono::Utc::now() - started_at).as_seconds_f64();
+            (from, to, out.map(|o| o.status.success()).unwrap_or(false))
+        })
+    });
     let report = finish_stage(&session, &spec, &produced).await?;
+    let during = match dropper {
+        Some(task) => {
+            let (from, to, ok) = task.await?;
+            anyhow::ensure!(ok, "dropping the partition during the drain failed");
+            Some(drop_effect(&report.series.throughput, from, to, drop_keys))
+        }
+        None => None,
+    };
     let (rss_mb, cpu_s) = worker.usage();
     worker.stop().await?;
     // From the first to the last commit.
@@ -349,7 +408,68 @@ async fn drain(bin: &Path, args: &BenchArgs, strategy: &str, events: u64) -> any
         "   {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg",
         d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg
     );
-    Ok(d)
+    if let Some(x) = &during {
+        eprintln!(
+            "   during the drop ({:.2} s): {:.0} msg/s against a median second of {:.0} msg/s ({:.2})",
+            x.drop_seconds, x.msg_s_during_drop, x.msg_s_median, x.ratio
+        );
+    }
+    Ok((d, during))
+}
+
+/// Effects committed per second (the report's throughput, which counts effects; the ratio is
+/// what matters) in the second(s) overlapping `[from, to]`, against the median full second.
+fn drop_effect(
+    series: &[crate::report::RatePoint],
+    from: f64,
+    to: f64,
+    keys: u64,
+) -> DropDuringDrain {
+    // The first and last seconds of the drain are partial.
+    let full: Vec<f64> = series
+        .iter()
+        .skip(1)
+        .take(series.len().saturating_sub(2))
+        .map(|p| p.per_s)
+        .collect();
+    let mut sorted = full.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    let during = series
+        .iter()
+        .filter(|p| p.t_s + 1.0 > from && p.t_s <= to)
+        .map(|p| p.per_s)
+        .fold(f64::INFINITY, f64::min);
+    let during = if during.is_finite() { during } else { 0.0 };
+    DropDuringDrain {
+        keys,
+        drop_seconds: to - from,
+        msg_s_during_drop: during,
+        msg_s_median: median,
+        ratio: if median > 0.0 { during / median } else { 0.0 },
+    }
+}
+
+/// Runs an `effectively` subcommand that prints one JSON object.
+async fn engine_json(
+    bin: &Path,
+    args: &BenchArgs,
+    cmd: &[&str],
+) -> anyhow::Result<serde_json::Value> {
+    let out = tokio::process::Command::new(bin)
+        .args(cmd)
+        .env("DATABASE_URL", &args.database_url)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} {cmd:?} failed: {:?}",
+        bin.display(),
+        out.status
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// One worker (batch strategy) running; loadgen offers 500/s, then 2,000/s.
@@ -401,19 +521,8 @@ async fn latency(
 }
 
 async fn retention(bin: &Path, args: &BenchArgs, keys: u64) -> anyhow::Result<serde_json::Value> {
-    let out = tokio::process::Command::new(bin)
-        .args(["bench-retention", "--keys", &keys.to_string()])
-        .env("DATABASE_URL", &args.database_url)
-        .stderr(Stdio::inherit())
-        .output()
-        .await
-        .with_context(|| format!("running {}", bin.display()))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "bench-retention failed: {:?}",
-        out.status
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let k = keys.to_string();
+    let v = engine_json(bin, args, &["bench-retention", "--keys", &k]).await?;
     eprintln!(
         "   DELETE {:.2} s and {} WAL bytes; drop {:.3} s and {} WAL bytes: {:.0}x the time, {:.0}x the WAL",
         v["delete_seconds"].as_f64().unwrap_or(0.0),

@@ -258,23 +258,12 @@ pub async fn bench_drop_vs_delete(
     keys: i64,
     batch: i64,
 ) -> Result<DropVsDelete, StoreError> {
-    let known = partitions::Known::default();
     let (a, b) = (
         NaiveDate::from_ymd_opt(1999, 1, 1).expect("a date"),
         NaiveDate::from_ymd_opt(1999, 1, 2).expect("a date"),
     );
     for d in [a, b] {
-        drop_partition(client, d).await?;
-    }
-    known.ensure(client, [a, b]).await?;
-    for d in [a, b] {
-        client
-            .execute(
-                "INSERT INTO processed_messages (consumer, message_id, event_date)
-                 SELECT 'bench-retention', gen_random_uuid(), $1 FROM generate_series(1, $2::bigint)",
-                &[&d, &keys],
-            )
-            .await?;
+        bench_fill(client, d, keys).await?;
     }
     client.batch_execute("CHECKPOINT").await?;
     let start = std::time::Instant::now();
@@ -311,4 +300,18 @@ pub async fn bench_drop_vs_delete(
         time_ratio: delete_seconds / drop_seconds.max(1e-6),
         wal_ratio: delete_wal_bytes as f64 / (drop_wal_bytes.max(1)) as f64,
     })
+}
+
+/// A fresh partition for `date` holding `keys` random dedupe keys (benchmarks only).
+pub async fn bench_fill(client: &Client, date: NaiveDate, keys: i64) -> Result<(), StoreError> {
+    drop_partition(client, date).await?;
+    partitions::Known::default().ensure(client, [date]).await?;
+    client
+        .execute(
+            "INSERT INTO processed_messages (consumer, message_id, event_date)
+             SELECT 'bench-retention', gen_random_uuid(), $1 FROM generate_series(1, $2::bigint)",
+            &[&date, &keys],
+        )
+        .await?;
+    Ok(())
 }
