@@ -24,15 +24,10 @@ async fn exists(db: &tokio_postgres::Client, date: NaiveDate) -> bool {
 }
 
 /// Runs maintenance until this instance gets the lock (other tests' workers may hold it).
-async fn run_maintenance(
-    db: &tokio_postgres::Client,
-    known: &Known,
-) -> (Vec<NaiveDate>, Vec<NaiveDate>) {
+async fn run_maintenance(db: &tokio_postgres::Client, known: &Known) {
     for _ in 0..100 {
-        if let Ran::Done { created, dropped } =
-            retention::run(db, known, today(), 3, 15).await.unwrap()
-        {
-            return (created, dropped);
+        if let Ran::Done { .. } = retention::run(db, known, today(), 3, 15).await.unwrap() {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -59,9 +54,10 @@ async fn partitions_are_created_ahead_and_dropped_past_retention() {
     let kept = today() - Days::new(15 + retention::MARGIN_DAYS);
     known.ensure(&db, [kept]).await.unwrap();
 
-    let (_, dropped) = run_maintenance(&db, &known).await;
+    // Any instance may be the one that drops them (other tests' workers run maintenance too):
+    // what matters is that they are gone once a run has completed.
+    run_maintenance(&db, &known).await;
     for d in &old {
-        assert!(dropped.contains(d), "{d} dropped: {dropped:?}");
         assert!(!exists(&db, *d).await, "{d} is gone");
     }
     assert!(
@@ -211,8 +207,11 @@ async fn dropping_a_partition_does_not_disturb_a_running_worker() {
         )
         .await
         .unwrap();
-        let (_, dropped) = run_maintenance(&db, &known).await;
-        assert!(dropped.contains(&date));
+        run_maintenance(&db, &known).await;
+        assert!(
+            !exists(&db, date).await,
+            "{date} dropped while the worker runs"
+        );
     }
     send.await.unwrap();
     eventually(90, "3000 credits", || {
