@@ -406,11 +406,7 @@ async fn a_message_that_always_fails_is_parked_after_its_attempts_and_the_batch_
     .await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
-    eventually(60, "20 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 20 }
-    })
-    .await;
+    common::wait_records(&stats, 20, 60).await;
 
     assert_all_but_poison_applied(&db, &consumer, &payments, poison).await;
     let dl = assert_poison_parked(
@@ -461,11 +457,7 @@ async fn a_message_the_handler_rejects_is_parked_and_the_rest_applied() {
     .await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
-    eventually(60, "20 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 20 }
-    })
-    .await;
+    common::wait_records(&stats, 20, 60).await;
 
     assert_all_but_poison_applied(&db, &consumer, &payments, poison).await;
     let dl = assert_poison_parked(
@@ -509,11 +501,7 @@ async fn a_constraint_violation_without_a_culprit_is_isolated_and_parked() {
     );
     let worker = common::start(common::config(&consumer, &topic, &handler, FAST_RETRY)).await;
     let stats = worker.stats(&consumer).unwrap();
-    eventually(60, "20 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 20 }
-    })
-    .await;
+    common::wait_records(&stats, 20, 60).await;
 
     // Every other row is in the table exactly once (the primary key forbids more; the count
     // and the id list say none is missing), with its amount.

@@ -41,11 +41,7 @@ async fn three_copies_of_one_event_credit_once() {
     .await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
-    eventually(60, "4 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 4 }
-    })
-    .await;
+    common::wait_records(&stats, 4, 60).await;
 
     let l = ledger(&db, &consumer).await;
     assert_eq!(l.credits, 2, "one credit per payment: {l:?}");
@@ -93,11 +89,7 @@ async fn a_handler_failing_transiently_once_applies_every_effect_exactly_once() 
     .await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
-    eventually(60, "10 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 10 }
-    })
-    .await;
+    common::wait_records(&stats, 10, 60).await;
 
     let l = ledger(&db, &consumer).await;
     let want: i64 = payments.iter().map(|p| p.amount_paise * 2 / 100).sum();
@@ -149,11 +141,7 @@ async fn a_message_that_always_fails_is_parked_and_the_others_applied() {
     .await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
-    eventually(60, "20 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 20 }
-    })
-    .await;
+    common::wait_records(&stats, 20, 60).await;
 
     let others: Vec<&Payment> = payments.iter().filter(|p| p.amount_paise != 666).collect();
     let want: i64 = others.iter().map(|p| p.amount_paise * 2 / 100).sum();

@@ -32,11 +32,7 @@ async fn a_relay_resend_three_copies_one_credit_two_duplicates() {
     .await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
-    eventually(60, "4 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 4 }
-    })
-    .await;
+    common::wait_records(&stats, 4, 60).await;
     let l = ledger(&db, &consumer).await;
     assert_eq!(l.credits, 2, "one credit per payment: {l:?}");
     assert_eq!(l.cashback_paise, 2_400 + 1_000);
@@ -72,11 +68,7 @@ async fn one_event_on_two_partitions_processed_concurrently_credits_once() {
     ))
     .await;
     let stats = worker.stats(&consumer).unwrap();
-    eventually(60, "400 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 400 }
-    })
-    .await;
+    common::wait_records(&stats, 400, 60).await;
     let db = common::pg().await;
     let l = ledger(&db, &consumer).await;
     assert_eq!(l.credits, 200, "{l:?}");
@@ -120,11 +112,7 @@ async fn a_double_tap_same_payment_new_event_id_credits_once() {
     .await;
     // The second tap arrives in a later batch.
     common::send_payments(&producer, &topic, Some(0), std::slice::from_ref(&tap)).await;
-    eventually(60, "2 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 2 }
-    })
-    .await;
+    common::wait_records(&stats, 2, 60).await;
     let db = common::pg().await;
     let l = ledger(&db, &consumer).await;
     assert_eq!(l.credits, 1, "{l:?}");
@@ -171,11 +159,7 @@ async fn a_copy_redelivered_on_a_later_day_is_still_a_duplicate() {
     ))
     .await;
     let stats = worker.stats(&consumer).unwrap();
-    eventually(60, "2 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 2 }
-    })
-    .await;
+    common::wait_records(&stats, 2, 60).await;
     let l = ledger(&db, &consumer).await;
     assert_eq!(
         l.credits, 1,

@@ -147,11 +147,7 @@ async fn copies_are_judged_by_their_event_date_at_the_window_edges() {
     ))
     .await;
     let stats = worker.stats(&consumer).unwrap();
-    eventually(60, "3 records processed", || {
-        let stats = stats.clone();
-        async move { stats.snapshot().records >= 3 }
-    })
-    .await;
+    common::wait_records(&stats, 3, 60).await;
     let l = ledger(&db, &consumer).await;
     assert_eq!(
         (l.credits, l.cashback_paise, l.parked),

@@ -476,3 +476,13 @@ pub async fn doubly_credited(db: &tokio_postgres::Client, consumer: &str) -> Vec
     .map(|r| (r.get(0), r.get(1)))
     .collect()
 }
+
+/// Waits until the worker has processed at least `n` records (its own counter), or fails the
+/// test after `secs`.
+pub async fn wait_records(stats: &std::sync::Arc<effectively::stats::Stats>, n: u64, secs: u64) {
+    eventually(secs, &format!("{n} records processed"), || {
+        let stats = stats.clone();
+        async move { stats.snapshot().records >= n }
+    })
+    .await;
+}
