@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Strategy as StrategyKind};
 use crate::handler::Registry;
-use crate::source::consumer::{check_deadlines, Source, SourceError};
+use crate::source::consumer::{Source, SourceError};
 use crate::stats::Stats;
 use crate::store::partitions::Known;
 use crate::store::pool::{self, PoolOptions};
@@ -46,7 +46,11 @@ pub struct Worker {
 impl Worker {
     /// Checks the configuration against the database and starts every consumer.
     pub async fn start(config: Config, registry: Registry) -> Result<Worker, WorkerError> {
-        check_deadlines(&config).map_err(WorkerError::Config)?;
+        // The whole config's cross-field checks (the revoke deadline below the session timeout
+        // among them), again here: a config built or changed in code skips `Config::load`.
+        config
+            .validate()
+            .map_err(|e| WorkerError::Config(e.to_string()))?;
         let url = config.database.url.expose().to_string();
         let opts = PoolOptions {
             size: config.database.pool_size,

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::partition::{Exit, PartitionTask};
-use crate::config::{Config, ConsumerConfig, OffsetReset};
+use crate::config::{ConsumerConfig, OffsetReset};
 use crate::envelope::Decoder;
 use crate::handler::Handler;
 use crate::stats::Stats;
@@ -523,16 +523,4 @@ fn spawn_main_queue_driver(
             });
         })
         .expect("spawning a thread")
-}
-
-/// Checks the cross-field rule the rebalance protocol depends on (also done by config
-/// validation; repeated here for configs built in code).
-pub fn check_deadlines(config: &Config) -> Result<(), String> {
-    if config.worker.revoke_deadline >= config.kafka.session_timeout {
-        return Err(format!(
-            "worker.revoke_deadline ({:?}) must be below kafka.session_timeout ({:?})",
-            config.worker.revoke_deadline, config.kafka.session_timeout
-        ));
-    }
-    Ok(())
 }
