@@ -325,9 +325,9 @@ fn resends_only() -> Mix {
     }
 }
 
-/// Pre-fills a topic, then starts one worker and measures it draining the topic.
 /// Pre-fills a topic, then starts one worker and measures it draining the topic. With
-/// `drop_keys`, a daily partition of that many dedupe keys is dropped 5 s into the drain.
+/// `drop_keys`, a daily partition of that many dedupe keys is dropped once a third of the
+/// topic is applied.
 async fn drain(
     bin: &Path,
     args: &BenchArgs,
