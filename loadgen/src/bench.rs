@@ -75,6 +75,9 @@ struct Percentiles {
     p50: f64,
     p99: f64,
     p999: f64,
+    /// Non-zero when the system clock was stepped during the phase (see loadgen's report):
+    /// then the percentiles include records whose latency is off by that much.
+    clock_step_s: f64,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -572,6 +575,7 @@ async fn latency(
             p50: r.latency_ms.p50,
             p99: r.latency_ms.p99,
             p999: r.latency_ms.p999,
+            clock_step_s: r.clock_step_s,
         });
     }
     worker.stop().await?;

@@ -367,7 +367,7 @@ pub async fn finish_stage(
     let verdict = verify::check(&expected, &observed);
     let lag = produced.lag.lock().unwrap().clone();
     let offered = plan_summary(&spec.plan);
-    let report = build_report(
+    let mut report = build_report(
         &offered,
         produced.duration_s,
         &produced.log,
@@ -376,9 +376,24 @@ pub async fn finish_stage(
         &latencies,
         lag,
     );
+    report.clock_step_s = clock_step(produced.started_at, produced.run.started);
+    if report::clock_stepped(report.clock_step_s) {
+        eprintln!(
+            "loadgen: the system clock moved {:+.1} s against the monotonic clock during the run \
+             (NTP, or a paused VM): latencies of the records in flight then are off by as much",
+            report.clock_step_s
+        );
+    }
     report::write_json(&report, &spec.report_dir.join("report.json"))?;
     report::write_html(&report, &spec.report_dir.join("report.html"))?;
     Ok(report)
+}
+
+/// Seconds the wall clock advanced since `wall` beyond what the monotonic clock did since
+/// `mono` (both read at the run's start), to a tenth of a second.
+fn clock_step(wall: chrono::DateTime<chrono::Utc>, mono: Instant) -> f64 {
+    let step = (chrono::Utc::now() - wall).as_seconds_f64() - mono.elapsed().as_secs_f64();
+    (step * 10.0).round() / 10.0
 }
 
 /// (a description, the mean offered rate) of a plan.
@@ -493,6 +508,7 @@ fn build_report(
             p999: pct(&hist, 0.999),
             max: hist.max() as f64 / 1000.0,
         },
+        clock_step_s: 0.0,
         verified: verdict.verified,
         anomalies: report::Anomalies {
             lost: first20(&verdict.lost),
@@ -587,4 +603,17 @@ async fn ensure_topic(brokers: &str, topic: &str, partitions: i32) -> anyhow::Re
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wall_clock_ahead_of_the_monotonic_one_is_a_step() {
+        let (wall, mono) = (chrono::Utc::now(), Instant::now());
+        assert_eq!(clock_step(wall, mono), 0.0);
+        let stepped = wall - chrono::Duration::seconds(58);
+        assert_eq!(clock_step(stepped, mono), 58.0);
+    }
 }

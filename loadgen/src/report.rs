@@ -36,6 +36,10 @@ pub struct Report {
     pub throughput_msg_s: f64,  // effects per second, first to last effect commit
     pub commit_span_s: f64,     // seconds from the first to the last effect commit
     pub latency_ms: Latency,
+    /// The wall clock's time over the run minus the monotonic clock's: not zero when the
+    /// system clock was stepped (NTP, a paused and resumed VM). Latencies are differences of
+    /// two wall-clock readings, so those of records in flight at the step are off by this much.
+    pub clock_step_s: f64,
     pub verified: bool,
     pub anomalies: Anomalies,
     pub series: Series,
@@ -190,7 +194,7 @@ fn summary_rows(r: &Report) -> Vec<(&'static str, String)> {
         g(total)
     );
     let ms = |v: f64| format!("{v:.1} ms");
-    vec![
+    let mut rows = vec![
         ("rate plan", r.rate_plan.clone()),
         ("offered rate", format!("{:.1} msg/s", r.offered_rate)),
         ("duration", format!("{:.1} s", r.duration_s)),
@@ -211,7 +215,16 @@ fn summary_rows(r: &Report) -> Vec<(&'static str, String)> {
         ("latency p99", ms(l.p99)),
         ("latency p99.9", ms(l.p999)),
         ("latency max", ms(l.max)),
-    ]
+    ];
+    if clock_stepped(r.clock_step_s) {
+        rows.push(("clock step", format!("{:+.1} s", r.clock_step_s)));
+    }
+    rows
+}
+
+/// Whether the wall clock moved against the monotonic clock by more than its usual drift.
+pub fn clock_stepped(step_s: f64) -> bool {
+    step_s.abs() >= 1.0
 }
 
 fn verdict_line(r: &Report) -> String {
@@ -631,6 +644,23 @@ mod tests {
         assert_eq!(total(&[1e300, 0.0]), 2);
         assert_eq!(total(&[f64::NAN, 3.0]), 1);
         assert!(histogram_buckets(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_clock_step_is_shown_only_when_there_was_one() {
+        let mut r = typical();
+        r.clock_step_s = 0.3;
+        assert!(
+            !summary_table(&r).contains("clock step"),
+            "NTP slewing is not a step"
+        );
+        r.clock_step_s = 57.9;
+        let t = summary_table(&r);
+        assert!(
+            t.lines()
+                .any(|l| l.starts_with("clock step") && l.ends_with(" +57.9 s")),
+            "{t}"
+        );
     }
 
     #[test]
