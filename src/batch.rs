@@ -115,6 +115,19 @@ impl Record {
         config: &ConsumerConfig,
         today: chrono::NaiveDate,
     ) -> Record {
+        Record::admit_with(raw, decoder, Some(handler), config, today)
+    }
+
+    /// [`Record::admit`], with the handler's check only when `handler` is given (the inbox
+    /// receiver stores what the handler would refuse: its processor parks it as FAILED, and a
+    /// fixed handler can replay it).
+    pub fn admit_with(
+        raw: Raw,
+        decoder: &Decoder,
+        handler: Option<&dyn Handler>,
+        config: &ConsumerConfig,
+        today: chrono::NaiveDate,
+    ) -> Record {
         let decoded = raw.with_view(|view| decoder.decode(view)).and_then(|env| {
             check_window(
                 env.event_date,
@@ -122,7 +135,7 @@ impl Record {
                 config.retention,
                 config.future_tolerance,
             )
-            .and_then(|()| handler.check(&env))
+            .and_then(|()| handler.map_or(Ok(()), |h| h.check(&env)))
             .map_err(|r| Rejection {
                 message_id: Some(env.message_id),
                 ..r

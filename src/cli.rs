@@ -34,6 +34,35 @@ pub enum RetentionAction {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum InboxAction {
+    /// Per inbox consumer: PENDING rows (and how many are due now), IN_PROGRESS, FAILED, and
+    /// the oldest PENDING row's age.
+    Status {
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+    },
+    /// Put rows back to PENDING (attempts reset) so the processors apply them again. Without
+    /// --failed, DONE rows are replayed too: safe only for an effect that keeps its own
+    /// business key (the cashback handler's UNIQUE payment_id), or it applies twice.
+    Replay {
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+        /// The consumer whose rows to replay.
+        #[arg(long)]
+        consumer: String,
+        /// Only FAILED rows.
+        #[arg(long)]
+        failed: bool,
+        /// Only rows received since this RFC 3339 time, or this long ago ("2h", "3days").
+        #[arg(long)]
+        since: Option<String>,
+        /// Only rows of this ordering key (the Kafka key, or the configured payload field).
+        #[arg(long)]
+        key: Option<String>,
+    },
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -69,6 +98,11 @@ pub enum Command {
     Retention {
         #[command(subcommand)]
         action: RetentionAction,
+    },
+    /// The inbox strategy's table: status, replay.
+    Inbox {
+        #[command(subcommand)]
+        action: InboxAction,
     },
     /// Size the dedupe table: records = rate x period, bytes per row measured on the live table
     /// when it has rows (else the seed's 100 bytes).
@@ -180,6 +214,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 let strategy = match c.strategy {
                     Strategy::Batch => "batch",
                     Strategy::PerMessage => "per-message",
+                    Strategy::Inbox => "inbox",
                 };
                 println!(
                     "  consumer {:?}: topics {:?}, group {:?}, strategy {strategy}, handler {:?}",
@@ -196,6 +231,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Retention { action } => retention(action).await,
+        Command::Inbox { action } => inbox(action).await,
         Command::BenchRetention {
             database_url,
             keys,
@@ -299,6 +335,51 @@ fn init_tracing(format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+async fn inbox(action: InboxAction) -> anyhow::Result<()> {
+    use crate::inbox::admin;
+    match action {
+        InboxAction::Status { config } => {
+            let config = Config::load(&config)?;
+            let names: Vec<String> = (config.consumers.iter())
+                .filter(|c| c.strategy == Strategy::Inbox)
+                .map(|c| c.name.clone())
+                .collect();
+            if names.is_empty() {
+                anyhow::bail!("no consumer of this config has strategy = \"inbox\"");
+            }
+            let client = store::pool::connect(config.database.url.expose()).await?;
+            let rows = store::inbox::status(&client, &names).await?;
+            print!("{}", admin::render_status(&rows));
+            Ok(())
+        }
+        InboxAction::Replay {
+            config,
+            consumer,
+            failed,
+            since,
+            key,
+        } => {
+            let config = Config::load(&config)?;
+            if !config.consumers.iter().any(|c| c.name == consumer) {
+                anyhow::bail!("this config has no consumer named {consumer:?}");
+            }
+            let since = match since {
+                Some(s) => Some(admin::parse_since(&s, chrono::Utc::now()).map_err(anyhow::Error::msg)?),
+                None => None,
+            };
+            let filter = store::inbox::ReplayFilter {
+                failed_only: failed,
+                since,
+                key: key.as_deref().map(admin::stored_key),
+            };
+            let client = store::pool::connect(config.database.url.expose()).await?;
+            let n = store::inbox::replay(&client, &consumer, &filter).await?;
+            println!("{n} row(s) of {consumer:?} back to PENDING");
+            Ok(())
+        }
+    }
 }
 
 async fn retention(action: RetentionAction) -> anyhow::Result<()> {

@@ -446,7 +446,8 @@ fn parse_id(text: &str) -> Result<Uuid, &'static str> {
 }
 
 /// Parses the payload into a JSON object, the only shape fields can be read from.
-fn parse_object(payload: &[u8]) -> Result<Value, Rejection> {
+/// Parses a payload that must be a JSON object (what a handler reading fields needs).
+pub fn parse_object(payload: &[u8]) -> Result<Value, Rejection> {
     match serde_json::from_slice::<Value>(payload) {
         Ok(v @ Value::Object(_)) => Ok(v),
         Ok(other) => Err(Rejection::new(

@@ -11,16 +11,20 @@
 //!
 //! - [`cli`]: the command line (`effectively run | migrate | check-config`).
 //! - [`worker`]: wires config, pool, handlers and one source per consumer; shutdown.
+//! - [`inbox`]: the inbox strategy's processors ([`inbox::processor`]: claim with `SKIP
+//!   LOCKED` or a lease, apply, retry, park) and its status and replay ([`inbox::admin`]).
 //! - [`source`]: Kafka group membership and rebalances ([`source::consumer`]: claim and seek
 //!   on assignment, drain on revocation), one task per partition that batches
 //!   ([`source::partition`]).
 //! - [`strategy`]: what a batch does to the database: [`strategy::batched`] (the default, one
-//!   transaction per batch) and [`strategy::per_message`] (the seed's idempotent consumer).
+//!   transaction per batch), [`strategy::per_message`] (the seed's idempotent consumer) and
+//!   [`strategy::inbox`] (the inbox's receiver: store, commit, ack).
 //! - [`handler`]: the effect: the trait, [`handler::cashback`], [`handler::sql`].
 //! - [`store`]: every SQL statement, each function taking the caller's transaction: offsets
 //!   and fencing ([`store::offsets`]), staging by `COPY` ([`store::copy`]), the dedupe insert
 //!   ([`store::dedupe`]), daily partitions ([`store::partitions`]), dead letters
-//!   ([`store::dead_letters`]), migrations ([`store::migrate`]).
+//!   ([`store::dead_letters`]), the inbox table ([`store::inbox`]), migrations
+//!   ([`store::migrate`]).
 //! - [`batch`], [`envelope`] (decoding a record: message id, event date, rejections),
 //!   [`config`], [`stats`], [`metrics`] (every Prometheus metric and the event that moves it); [`ceiling`], the SQL ceiling benchmark.
 
@@ -30,6 +34,7 @@ pub mod cli;
 pub mod config;
 pub mod envelope;
 pub mod handler;
+pub mod inbox;
 pub mod metrics;
 pub mod source;
 pub mod stats;

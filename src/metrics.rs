@@ -36,6 +36,12 @@ pub const DEDUPE_PARTITION_ROWS: &str = "effectively_dedupe_partition_rows";
 pub const DEDUPE_PARTITION_BYTES: &str = "effectively_dedupe_partition_bytes";
 pub const DEDUPE_PARTITIONS_AHEAD: &str = "effectively_dedupe_partitions_ahead_days";
 pub const POOL_CONNECTIONS: &str = "effectively_pool_connections";
+pub const INBOX_ROWS: &str = "effectively_inbox_rows";
+pub const INBOX_OLDEST_PENDING_AGE: &str = "effectively_inbox_oldest_pending_age_seconds";
+pub const INBOX_CLAIM_DURATION: &str = "effectively_inbox_claim_duration_seconds";
+pub const INBOX_PROCESS_DURATION: &str = "effectively_inbox_process_duration_seconds";
+pub const INBOX_PROCESSED: &str = "effectively_inbox_processed_total";
+pub const INBOX_LEASE_LOST: &str = "effectively_inbox_lease_lost_total";
 
 /// Every metric name, for tests that check dashboards and alert rules against them.
 pub const ALL: &[&str] = &[
@@ -60,6 +66,12 @@ pub const ALL: &[&str] = &[
     DEDUPE_PARTITION_BYTES,
     DEDUPE_PARTITIONS_AHEAD,
     POOL_CONNECTIONS,
+    INBOX_ROWS,
+    INBOX_OLDEST_PENDING_AGE,
+    INBOX_CLAIM_DURATION,
+    INBOX_PROCESS_DURATION,
+    INBOX_PROCESSED,
+    INBOX_LEASE_LOST,
 ];
 
 /// Where `effectively run` serves `/metrics` unless told otherwise.
@@ -197,6 +209,36 @@ fn describe() {
         "Days after today that already have a dedupe partition (sampled)."
     );
     describe_gauge!(
+        INBOX_ROWS,
+        Unit::Count,
+        "Inbox rows by status: pending, in_progress, failed (sampled). Alarm on failed > 0."
+    );
+    describe_gauge!(
+        INBOX_OLDEST_PENDING_AGE,
+        Unit::Seconds,
+        "Age of the oldest PENDING inbox row, 0 when none (sampled). Alarm when it grows."
+    );
+    describe_histogram!(
+        INBOX_CLAIM_DURATION,
+        Unit::Seconds,
+        "Time of one inbox claim statement (FOR UPDATE SKIP LOCKED)."
+    );
+    describe_histogram!(
+        INBOX_PROCESS_DURATION,
+        Unit::Seconds,
+        "One inbox processor round, from the claim to the commit of the effects and marks."
+    );
+    describe_counter!(
+        INBOX_PROCESSED,
+        Unit::Count,
+        "Inbox rows a processor finished an attempt on, by outcome: done, retry, failed."
+    );
+    describe_counter!(
+        INBOX_LEASE_LOST,
+        Unit::Count,
+        "Leased inbox rows another processor reclaimed before this one finished (the lease is shorter than the handler)."
+    );
+    describe_gauge!(
         POOL_CONNECTIONS,
         Unit::Count,
         "PostgreSQL connections of the pool, by state: in_use, idle."
@@ -330,4 +372,56 @@ pub fn dedupe_partitions_ahead(days: i64) {
 pub fn pool(in_use: usize, idle: usize) {
     gauge!(POOL_CONNECTIONS, "state" => "in_use").set(in_use as f64);
     gauge!(POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
+}
+
+/// An inbox processor's round committed: `done` rows applied, `retry` rows rescheduled,
+/// `failed` rows parked; `claim` is the claim statement's time, `took` the whole round's.
+pub fn inbox_round(
+    consumer: &str,
+    claim: Duration,
+    took: Duration,
+    done: u64,
+    retry: u64,
+    failed: u64,
+) {
+    let c = consumer.to_string();
+    histogram!(INBOX_CLAIM_DURATION, "consumer" => c.clone()).record(claim.as_secs_f64());
+    if done + retry + failed == 0 {
+        return;
+    }
+    histogram!(INBOX_PROCESS_DURATION, "consumer" => c.clone()).record(took.as_secs_f64());
+    for (outcome, n) in [("done", done), ("retry", retry), ("failed", failed)] {
+        counter!(INBOX_PROCESSED, "consumer" => c.clone(), "outcome" => outcome).increment(n);
+    }
+}
+
+/// Effects an inbox processor committed, per topic (the batch strategy counts its own in
+/// [`batch_committed`]).
+pub fn inbox_effects(consumer: &str, topic: &str, effects: u64, business_duplicates: u64) {
+    let (c, t) = (consumer.to_string(), topic.to_string());
+    counter!(EFFECTS_APPLIED, "consumer" => c.clone(), "topic" => t.clone()).increment(effects);
+    counter!(DUPLICATES_SKIPPED, "consumer" => c, "topic" => t, "reason" => "business_key")
+        .increment(business_duplicates);
+}
+
+pub fn inbox_lease_lost(consumer: &str, rows: u64) {
+    counter!(INBOX_LEASE_LOST, "consumer" => consumer.to_string()).increment(rows);
+}
+
+/// Zero series for an inbox consumer, so alerts and rate() see the first event.
+pub fn inbox_consumer(consumer: &str) {
+    let c = consumer.to_string();
+    for outcome in ["done", "retry", "failed"] {
+        counter!(INBOX_PROCESSED, "consumer" => c.clone(), "outcome" => outcome).increment(0);
+    }
+    counter!(INBOX_LEASE_LOST, "consumer" => c).increment(0);
+}
+
+/// The sampled inbox gauges of one consumer.
+pub fn inbox_status(consumer: &str, pending: i64, in_progress: i64, failed: i64, oldest_s: f64) {
+    let c = consumer.to_string();
+    for (status, n) in [("pending", pending), ("in_progress", in_progress), ("failed", failed)] {
+        gauge!(INBOX_ROWS, "consumer" => c.clone(), "status" => status).set(n as f64);
+    }
+    gauge!(INBOX_OLDEST_PENDING_AGE, "consumer" => c).set(oldest_s);
 }

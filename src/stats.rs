@@ -57,6 +57,13 @@ impl Stats {
         self.batches.fetch_add(1, Relaxed);
     }
 
+    /// An inbox processor committed `effects` effects and `business_duplicates` no-ops.
+    pub fn inbox_applied(&self, effects: u64, business_duplicates: u64) {
+        self.effects.fetch_add(effects, Relaxed);
+        self.business_duplicates
+            .fetch_add(business_duplicates, Relaxed);
+    }
+
     pub fn below_stored_offset(&self) {
         self.below_stored_offset.fetch_add(1, Relaxed);
     }

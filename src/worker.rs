@@ -18,7 +18,8 @@ use crate::stats::Stats;
 use crate::store::partitions::Known;
 use crate::store::pool::{self, PoolOptions};
 use crate::store::retention;
-use crate::strategy::{batched::Batched, per_message::PerMessage, Strategy};
+use crate::inbox::processor::{self, ProcessorError, Processors};
+use crate::strategy::{batched::Batched, inbox::Inbox, per_message::PerMessage, Strategy};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -34,13 +35,31 @@ pub enum WorkerError {
     Handler { consumer: String, reason: String },
     #[error(transparent)]
     Source(#[from] SourceError),
+    #[error(transparent)]
+    Processor(#[from] ProcessorError),
+}
+
+/// A task of the worker: a consumer's source, an inbox processor, or maintenance.
+#[derive(Debug)]
+enum TaskError {
+    Source(SourceError),
+    Processor(ProcessorError),
+}
+
+impl From<TaskError> for WorkerError {
+    fn from(e: TaskError) -> Self {
+        match e {
+            TaskError::Source(e) => WorkerError::Source(e),
+            TaskError::Processor(e) => WorkerError::Processor(e),
+        }
+    }
 }
 
 /// A running worker.
 pub struct Worker {
     stats: HashMap<String, Arc<Stats>>,
     shutdown: CancellationToken,
-    tasks: JoinSet<Result<(), SourceError>>,
+    tasks: JoinSet<Result<(), TaskError>>,
 }
 
 impl Worker {
@@ -96,6 +115,7 @@ impl Worker {
         let mut tasks = JoinSet::new();
         let mut stats = HashMap::new();
         let mut sources = Vec::new();
+        let mut inbox_processors = Vec::new();
         for c in &config.consumers {
             let handler = registry
                 .build(&c.handler)
@@ -110,11 +130,30 @@ impl Worker {
                     consumer: c.name.clone(),
                     reason: e.to_string(),
                 })?;
+            let s = Arc::new(Stats::default());
             let strategy: Arc<dyn Strategy> = match c.strategy {
                 StrategyKind::Batch => Arc::new(Batched),
                 StrategyKind::PerMessage => Arc::new(PerMessage),
+                StrategyKind::Inbox => {
+                    let stored = Arc::new(tokio::sync::Notify::new());
+                    inbox_processors.push((
+                        Arc::new(Processors {
+                            consumer: Arc::from(c.name.as_str()),
+                            config: Arc::new(c.clone()),
+                            pool: pg.clone(),
+                            handler: Arc::clone(&handler),
+                            stored: Arc::clone(&stored),
+                            stats: Arc::clone(&s),
+                        }),
+                        c.inbox.processors,
+                    ));
+                    Arc::new(Inbox {
+                        ordering_key: c.inbox.ordering_key.clone(),
+                        done: c.inbox.done,
+                        stored,
+                    })
+                }
             };
-            let s = Arc::new(Stats::default());
             stats.insert(c.name.clone(), Arc::clone(&s));
             sources.push(Source {
                 config: Arc::new(c.clone()),
@@ -129,8 +168,32 @@ impl Worker {
             });
         }
         for source in sources {
-            tasks.spawn(source.run(shutdown.child_token()));
+            let stop = shutdown.child_token();
+            tasks.spawn(async move { source.run(stop).await.map_err(TaskError::Source) });
         }
+        for (p, n) in &inbox_processors {
+            let mut set = JoinSet::new();
+            processor::spawn(p, *n, &shutdown, &mut set);
+            tasks.spawn(async move {
+                while let Some(r) = set.join_next().await {
+                    match r {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Err(TaskError::Processor(e)),
+                        Err(join) => {
+                            return Err(TaskError::Processor(ProcessorError::Fatal {
+                                consumer: String::new(),
+                                reason: format!("a processor task panicked: {join}"),
+                            }))
+                        }
+                    }
+                }
+                Ok(())
+            });
+        }
+        let inbox_names: Vec<String> = (config.consumers.iter())
+            .filter(|c| c.strategy == StrategyKind::Inbox)
+            .map(|c| c.name.clone())
+            .collect();
         tasks.spawn(maintain_partitions(
             url.clone(),
             known,
@@ -139,7 +202,12 @@ impl Worker {
             shutdown.child_token(),
         ));
         let names: Vec<String> = config.consumers.iter().map(|c| c.name.clone()).collect();
-        tasks.spawn(sample_gauges(pg.clone(), names, shutdown.child_token()));
+        tasks.spawn(sample_gauges(
+            pg.clone(),
+            names,
+            inbox_names,
+            shutdown.child_token(),
+        ));
         tracing::info!(worker = %worker_id, consumers = config.consumers.len(), "worker started");
         Ok(Worker {
             stats,
@@ -204,7 +272,7 @@ async fn maintain_partitions(
     ahead: u32,
     retention_days: i32,
     stop: CancellationToken,
-) -> Result<(), SourceError> {
+) -> Result<(), TaskError> {
     loop {
         let today = chrono::Utc::now().date_naive();
         match pool::connect(&url).await {
@@ -228,18 +296,19 @@ async fn maintain_partitions(
     }
 }
 
-/// Gauges read from the database, off the hot path: dead letters waiting, the dedupe
+/// Gauges read from the database, off the hot path: inbox rows, dead letters waiting, the dedupe
 /// partitions' sizes and how far ahead they exist, and the pool's connections.
 async fn sample_gauges(
     pool: deadpool_postgres::Pool,
     consumers: Vec<String>,
+    inbox_consumers: Vec<String>,
     stop: CancellationToken,
-) -> Result<(), SourceError> {
+) -> Result<(), TaskError> {
     loop {
         let status = pool.status();
         crate::metrics::pool(status.size - status.available, status.available);
         if let Ok(client) = pool.get().await {
-            if let Err(e) = sample_database(&client, &consumers).await {
+            if let Err(e) = sample_database(&client, &consumers, &inbox_consumers).await {
                 tracing::debug!(error = %e, "sampling database gauges failed");
             }
         }
@@ -253,7 +322,19 @@ async fn sample_gauges(
 async fn sample_database(
     client: &deadpool_postgres::Object,
     consumers: &[String],
+    inbox_consumers: &[String],
 ) -> Result<(), crate::store::StoreError> {
+    if !inbox_consumers.is_empty() {
+        for s in crate::store::inbox::status(&***client, inbox_consumers).await? {
+            crate::metrics::inbox_status(
+                &s.consumer,
+                s.pending,
+                s.in_progress,
+                s.failed,
+                s.oldest_pending_s,
+            );
+        }
+    }
     for (consumer, rows) in crate::store::dead_letters::count_all(&***client, consumers).await? {
         crate::metrics::dead_letters_waiting(&consumer, rows);
     }

@@ -172,10 +172,11 @@ impl PartitionTask {
             return;
         }
         let today = chrono::Utc::now().date_naive();
-        let record = Record::admit(
+        let check = self.strategy.checks_messages();
+        let record = Record::admit_with(
             raw,
             &self.decoder,
-            self.ctx.handler.as_ref(),
+            check.then_some(self.ctx.handler.as_ref()),
             &self.config,
             today,
         );

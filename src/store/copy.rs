@@ -14,6 +14,7 @@ use super::StoreError;
 use crate::envelope::Envelope;
 
 /// Run once per connection. `fresh` is set by the dedupe insert for the rows it inserted.
+/// `staged_inbox` is the inbox receiver's staging table (see [`crate::store::inbox`]).
 pub const CREATE_SESSION_TABLES: &str = "\
 CREATE TEMP TABLE IF NOT EXISTS staged_messages (
     seq        int         NOT NULL,
@@ -25,6 +26,18 @@ CREATE TEMP TABLE IF NOT EXISTS staged_messages (
     key        bytea,
     payload    jsonb,
     fresh      boolean     NOT NULL DEFAULT false
+) ON COMMIT DELETE ROWS;
+CREATE TEMP TABLE IF NOT EXISTS staged_inbox (
+    message_id    uuid        NOT NULL,
+    event_date    date        NOT NULL,
+    ordering_key  text        NOT NULL,
+    partition     int         NOT NULL,
+    \"offset\"      bigint      NOT NULL,
+    kafka_ts      timestamptz,
+    key           bytea,
+    header_names  text[]      NOT NULL,
+    header_values bytea[]     NOT NULL,
+    payload       bytea       NOT NULL
 ) ON COMMIT DELETE ROWS;
 CREATE OR REPLACE TEMP VIEW fresh_messages AS
     SELECT seq, message_id, event_date, partition, \"offset\", kafka_ts, key, payload
@@ -78,8 +91,16 @@ pub async fn stage(
     with_payload: bool,
     fresh: bool,
 ) -> Result<(), StoreError> {
-    let mut data = encode(rows, with_payload, fresh);
-    let sink = tx.copy_in(COPY_IN).await?;
+    send(tx, COPY_IN, encode(rows, with_payload, fresh)).await
+}
+
+/// Runs `copy_in` (a `COPY ... FROM STDIN BINARY`) with `data`, a whole binary COPY stream.
+pub(crate) async fn send(
+    tx: &Transaction<'_>,
+    copy_in: &str,
+    mut data: Bytes,
+) -> Result<(), StoreError> {
+    let sink = tx.copy_in(copy_in).await?;
     pin_mut!(sink);
     // Two CopyData messages (the protocol allows any split), so that a chaos failpoint can
     // kill the process with the server holding half a COPY.
@@ -96,42 +117,59 @@ pub async fn stage(
 pub fn encode(rows: &[&Envelope], with_payload: bool, fresh: bool) -> Bytes {
     let mut buf =
         BytesMut::with_capacity(32 + rows.len() * (80 + if with_payload { 256 } else { 0 }));
-    buf.put_slice(b"PGCOPY\n\xff\r\n\0");
-    buf.put_i32(0); // flags
-    buf.put_i32(0); // header extension length
+    put_header(&mut buf);
     for (seq, env) in rows.iter().enumerate() {
         let payload = with_payload.then_some(RawJson(&env.payload));
         let key = env.key.as_deref();
-        let fields: [(&(dyn ToSql + Sync), &Type); 9] = [
-            (&(seq as i32), &TYPES[0]),
-            (&env.message_id, &TYPES[1]),
-            (&env.event_date, &TYPES[2]),
-            (&env.partition, &TYPES[3]),
-            (&env.offset, &TYPES[4]),
-            (&env.kafka_ts, &TYPES[5]),
-            (&key, &TYPES[6]),
-            (&payload, &TYPES[7]),
-            (&fresh, &TYPES[8]),
-        ];
-        buf.put_i16(fields.len() as i16);
-        for (value, ty) in fields {
-            let at = buf.len();
-            buf.put_i32(0);
-            // Our own values of the column's own type: encoding cannot fail.
-            match value.to_sql_checked(ty, &mut buf) {
-                Ok(IsNull::No) => {
-                    let len = (buf.len() - at - 4) as i32;
-                    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
-                }
-                Ok(IsNull::Yes) | Err(_) => {
-                    buf.truncate(at + 4);
-                    buf[at..at + 4].copy_from_slice(&(-1i32).to_be_bytes());
-                }
+        put_row(
+            &mut buf,
+            &[
+                (&(seq as i32), &TYPES[0]),
+                (&env.message_id, &TYPES[1]),
+                (&env.event_date, &TYPES[2]),
+                (&env.partition, &TYPES[3]),
+                (&env.offset, &TYPES[4]),
+                (&env.kafka_ts, &TYPES[5]),
+                (&key, &TYPES[6]),
+                (&payload, &TYPES[7]),
+                (&fresh, &TYPES[8]),
+            ],
+        );
+    }
+    put_trailer(&mut buf);
+    buf.freeze()
+}
+
+/// The binary `COPY` signature, flags and header extension length.
+pub(crate) fn put_header(buf: &mut BytesMut) {
+    buf.put_slice(b"PGCOPY\n\xff\r\n\0");
+    buf.put_i32(0); // flags
+    buf.put_i32(0); // header extension length
+}
+
+/// One row: the field count, then each field's length and bytes (-1 for NULL). Values must be
+/// of their column's own type, which the callers guarantee, so encoding cannot fail.
+pub(crate) fn put_row(buf: &mut BytesMut, fields: &[(&(dyn ToSql + Sync), &Type)]) {
+    buf.put_i16(fields.len() as i16);
+    for (value, ty) in fields {
+        let at = buf.len();
+        buf.put_i32(0);
+        match value.to_sql_checked(ty, buf) {
+            Ok(IsNull::No) => {
+                let len = (buf.len() - at - 4) as i32;
+                buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+            }
+            Ok(IsNull::Yes) | Err(_) => {
+                buf.truncate(at + 4);
+                buf[at..at + 4].copy_from_slice(&(-1i32).to_be_bytes());
             }
         }
     }
+}
+
+/// The end-of-data marker.
+pub(crate) fn put_trailer(buf: &mut BytesMut) {
     buf.put_i16(-1);
-    buf.freeze()
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 pub mod copy;
 pub mod dead_letters;
 pub mod dedupe;
+pub mod inbox;
 pub mod migrate;
 pub mod offsets;
 pub mod partitions;

@@ -16,38 +16,46 @@ use super::StoreError;
 
 pub const PARENT: &str = "processed_messages";
 
+/// The inbox strategy's table, partitioned by the same event dates: each date's partition of it
+/// is created and dropped together with the dedupe ledger's.
+pub const INBOX: &str = "inbox";
+
 /// The partition's table name for `date`.
 pub fn name_for(date: NaiveDate) -> String {
     format!("{PARENT}_p{}", date.format("%Y%m%d"))
 }
 
-/// Creates the partition for `date` if it does not exist. Two workers racing to create the same
-/// partition both succeed.
+/// The inbox partition's table name for `date`.
+pub fn inbox_name_for(date: NaiveDate) -> String {
+    format!("{INBOX}_p{}", date.format("%Y%m%d"))
+}
+
+/// Creates the partitions for `date` (dedupe ledger and inbox) if they do not exist. Two
+/// workers racing to create the same partition both succeed.
 pub async fn create<C: GenericClient + Sync>(
     client: &C,
     date: NaiveDate,
 ) -> Result<(), StoreError> {
     let next = date + Days::new(1);
-    let sql = format!(
-        "CREATE TABLE IF NOT EXISTS {} PARTITION OF {PARENT} FOR VALUES FROM ('{}') TO ('{}')",
-        name_for(date),
-        date.format("%Y-%m-%d"),
-        next.format("%Y-%m-%d"),
-    );
-    match client.batch_execute(&sql).await {
-        Ok(()) => Ok(()),
-        // A concurrent CREATE ... IF NOT EXISTS can still lose the race on the catalog's unique
-        // index (23505) or find the relation created in between (42P07): it exists now.
-        Err(e)
-            if e.code().is_some_and(|c| {
-                c == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION
-                    || c == &tokio_postgres::error::SqlState::DUPLICATE_TABLE
-            }) =>
-        {
-            Ok(())
+    for (parent, name) in [(PARENT, name_for(date)), (INBOX, inbox_name_for(date))] {
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {name} PARTITION OF {parent} FOR VALUES FROM ('{}') TO ('{}')",
+            date.format("%Y-%m-%d"),
+            next.format("%Y-%m-%d"),
+        );
+        match client.batch_execute(&sql).await {
+            Ok(()) => {}
+            // A concurrent CREATE ... IF NOT EXISTS can still lose the race on the catalog's
+            // unique index (23505) or find the relation created in between (42P07): it exists.
+            Err(e)
+                if e.code().is_some_and(|c| {
+                    c == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+                        || c == &tokio_postgres::error::SqlState::DUPLICATE_TABLE
+                }) => {}
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
+    Ok(())
 }
 
 /// One daily partition's size, from the catalog's estimates (cheap: no scan).

@@ -130,21 +130,49 @@ async fn run_locked(
     let retention = longest(client).await?.unwrap_or(fallback_retention_days);
     let p = plan(client, today, ahead, retention).await?;
     known.ensure(client, p.create.iter().copied()).await?;
+    let mut dropped = Vec::new();
     for date in &p.drop {
+        let open = open_inbox_rows(client, *date).await?;
+        if open > 0 {
+            tracing::error!(%date, open, "not dropping the partitions of a day past retention: \
+                its inbox still holds PENDING, IN_PROGRESS or FAILED rows (process, replay or \
+                delete them; see `effectively inbox status`)");
+            continue;
+        }
         drop_partition(client, *date).await?;
         known.forget(*date);
-        tracing::info!(%date, retention_days = retention, "dropped dedupe partition past retention");
+        dropped.push(*date);
+        tracing::info!(%date, retention_days = retention, "dropped dedupe and inbox partitions past retention");
     }
     Ok(Ran::Done {
         created: p.create,
-        dropped: p.drop,
+        dropped,
     })
 }
 
-/// Detaches the partition without blocking writers of the other partitions, then drops it.
-/// A detach interrupted earlier (left pending) is finalized first.
+/// Rows of the inbox partition of `date` that are not DONE: work that dropping would lose.
+pub async fn open_inbox_rows(client: &Client, date: NaiveDate) -> Result<i64, StoreError> {
+    let name = partitions::inbox_name_for(date);
+    let exists: Option<String> = client
+        .query_one("SELECT to_regclass($1)::text", &[&name])
+        .await?
+        .get(0);
+    if exists.is_none() {
+        return Ok(0);
+    }
+    let sql = format!("SELECT count(*) FROM {name} WHERE status <> 'DONE'");
+    Ok(client.query_one(&sql, &[]).await?.get(0))
+}
+
+/// Detaches the day's partitions (inbox and dedupe ledger) without blocking writers of the
+/// other partitions, then drops them. A detach interrupted earlier (left pending) is finalized
+/// first. The caller checks the inbox partition holds no open rows.
 pub async fn drop_partition(client: &Client, date: NaiveDate) -> Result<(), StoreError> {
-    let name = partitions::name_for(date);
+    detach_and_drop(client, partitions::INBOX, &partitions::inbox_name_for(date)).await?;
+    detach_and_drop(client, PARENT, &partitions::name_for(date)).await
+}
+
+async fn detach_and_drop(client: &Client, parent: &str, name: &str) -> Result<(), StoreError> {
     let pending: Option<bool> = client
         .query_opt(
             "SELECT i.inhdetachpending FROM pg_inherits i
@@ -157,18 +185,18 @@ pub async fn drop_partition(client: &Client, date: NaiveDate) -> Result<(), Stor
         Some(true) => {
             client
                 .batch_execute(&format!(
-                    "ALTER TABLE {PARENT} DETACH PARTITION {name} FINALIZE"
+                    "ALTER TABLE {parent} DETACH PARTITION {name} FINALIZE"
                 ))
                 .await?
         }
         Some(false) => {
             client
                 .batch_execute(&format!(
-                    "ALTER TABLE {PARENT} DETACH PARTITION {name} CONCURRENTLY"
+                    "ALTER TABLE {parent} DETACH PARTITION {name} CONCURRENTLY"
                 ))
                 .await?
         }
-        None => {} // already detached
+        None => {} // already detached, or never created
     }
     client
         .batch_execute(&format!("DROP TABLE IF EXISTS {name}"))

@@ -18,7 +18,7 @@ use deadpool_postgres::Transaction;
 
 use super::segments::{drive, Body, BodyOutcome, Shape};
 use super::{AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
-use crate::batch::Batch;
+use crate::batch::{Batch, Raw};
 use crate::envelope::Envelope;
 use crate::handler::{BatchContext, HandlerError};
 use crate::store::{copy, dedupe};
@@ -51,6 +51,7 @@ impl Body for StageAndDedupe {
         ctx: &PartitionCtx,
         tx: &Transaction<'_>,
         candidates: &[&Envelope],
+        _raws: &[&Raw],
     ) -> Result<BodyOutcome, AttemptError> {
         let set_based = ctx.handler.stages_payload();
         let t0 = Instant::now();

@@ -4,6 +4,7 @@
 //! each PostgreSQL commit so the source can tell Kafka.
 
 pub mod batched;
+pub mod inbox;
 pub mod per_message;
 mod segments;
 
@@ -118,6 +119,12 @@ pub type Committed<'a> = &'a (dyn Fn(i64) + Send + Sync);
 
 #[async_trait]
 pub trait Strategy: Send + Sync + 'static {
+    /// Whether the source runs the handler's check on each record before the batch (parking
+    /// what it refuses). The inbox receiver stores such records instead.
+    fn checks_messages(&self) -> bool {
+        true
+    }
+
     async fn process(
         &self,
         ctx: &PartitionCtx,

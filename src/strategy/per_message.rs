@@ -16,7 +16,7 @@ use deadpool_postgres::Transaction;
 
 use super::segments::{drive, Body, BodyOutcome, Shape};
 use super::{AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
-use crate::batch::Batch;
+use crate::batch::{Batch, Raw};
 use crate::envelope::Envelope;
 use crate::handler::BatchContext;
 use crate::store::{copy, dedupe};
@@ -49,6 +49,7 @@ impl Body for KeyFirst {
         ctx: &PartitionCtx,
         tx: &Transaction<'_>,
         candidates: &[&Envelope],
+        _raws: &[&Raw],
     ) -> Result<BodyOutcome, AttemptError> {
         let mut out = BodyOutcome::default();
         // Segments of one record: exactly one candidate.

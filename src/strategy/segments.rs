@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::{wait, AttemptError, BatchError, Committed, Outcome, PartitionCtx};
-use crate::batch::Batch;
+use crate::batch::{Batch, Raw};
 use crate::envelope::{Envelope, Reason, Rejection};
 use crate::store::{dead_letters, offsets};
 
@@ -44,13 +44,14 @@ pub(crate) struct BodyOutcome {
 /// The part of the transaction that differs between strategies: dedupe and effect.
 #[async_trait]
 pub(crate) trait Body: Send + Sync {
-    /// Applies `candidates` (first copies, in offset order) in `tx`. A rejection names
-    /// candidates by their index in `candidates`.
+    /// Applies `candidates` (first copies, in offset order) in `tx`; `raws[i]` is the record
+    /// `candidates[i]` was decoded from. A rejection names candidates by their index.
     async fn run(
         &self,
         ctx: &PartitionCtx,
         tx: &Transaction<'_>,
         candidates: &[&Envelope],
+        raws: &[&Raw],
     ) -> Result<BodyOutcome, AttemptError>;
 }
 
@@ -200,6 +201,7 @@ async fn attempt(
     let mut parked_reasons = Vec::new();
     let mut candidates: Vec<&Envelope> = Vec::new();
     let mut candidate_idx: Vec<usize> = Vec::new();
+    let mut candidate_raw: Vec<&Raw> = Vec::new();
     let mut seen = HashSet::new();
     let mut duplicates_in_batch = 0u64;
     for (i, rec) in records.iter().enumerate() {
@@ -218,6 +220,7 @@ async fn attempt(
             Ok(env) => {
                 candidates.push(env);
                 candidate_idx.push(idx);
+                candidate_raw.push(&rec.raw);
             }
         }
     }
@@ -246,7 +249,7 @@ async fn attempt(
     let body_out = if candidates.is_empty() {
         BodyOutcome::default()
     } else {
-        match body.run(ctx, &tx, &candidates).await {
+        match body.run(ctx, &tx, &candidates, &candidate_raw).await {
             Ok(o) => o,
             Err(AttemptError::Reject(list)) => {
                 return Err(AttemptError::Reject(

@@ -12,6 +12,9 @@ use std::time::Duration;
 use humantime_serde::re::humantime::format_duration;
 use serde::{Deserialize, Deserializer};
 
+mod inbox;
+pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
+
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Why a configuration was refused; each message names the key or variable to fix.
@@ -189,6 +192,9 @@ pub struct ConsumerConfig {
     /// Daily dedupe partitions created ahead of today. Default 3.
     #[serde(default = "default_partitions_ahead")]
     pub partitions_ahead: u32,
+    /// `[consumer.inbox]`, read when `strategy = "inbox"`.
+    #[serde(default)]
+    pub inbox: InboxConfig,
 }
 
 fn default_message_id() -> MessageIdSource {
@@ -226,6 +232,9 @@ pub enum Strategy {
     Batch,
     /// One transaction per record, for handlers that cannot work on a set.
     PerMessage,
+    /// Store first, process later: the receiver stores each batch in the `inbox` table and
+    /// lets Kafka move on; processors apply the effects from the table (`[consumer.inbox]`).
+    Inbox,
 }
 
 /// Where a partition with no offset in PostgreSQL starts.
@@ -562,6 +571,9 @@ impl ConsumerConfig {
         if retry.max_attempts < 1 {
             p.push("retry.max_attempts must be at least 1".into());
         }
+        if self.strategy == Strategy::Inbox {
+            p.extend(self.inbox.problems());
+        }
         if self.partitions_ahead > 60 {
             p.push("partitions_ahead must be at most 60".into());
         }
@@ -648,7 +660,7 @@ shutdown_deadline = "30s"
 [[consumer]]
 name = "rewards"            # the dedupe scope, and the Kafka group unless `group` is set
 topics = ["payments"]
-strategy = "batch"          # or "per-message"
+strategy = "batch"          # or "per-message", or "inbox" (see the last consumer)
 handler = { kind = "cashback", rate_bp = 200 }
 auto_offset_reset = "earliest"   # only for partitions PostgreSQL has no offset for
 message_id = { header = "event_id" }   # or { json_pointer = "/event_id" }; a UUID
@@ -688,6 +700,28 @@ INSERT INTO payment_audit (event_id, amount_paise)
 SELECT message_id, (payload->>'amount_paise')::bigint
 FROM fresh_messages ORDER BY message_id
 """
+
+# Store first, process later: the receiver stores each batch in the `inbox` table and lets
+# Kafka move on at once; processors apply the effect from the table, in order per user, with
+# their own retries (the schedule is [consumer.retry]: past max_attempts a row is FAILED).
+# `effectively inbox status` and `effectively inbox replay` work on its rows. Create first:
+#   CREATE TABLE sms_log (event_id uuid PRIMARY KEY, user_id text);
+[[consumer]]
+name = "notify"
+topics = ["payments"]
+strategy = "inbox"
+handler = { kind = "sql", statement = """
+INSERT INTO sms_log (event_id, user_id)
+SELECT message_id, payload->>'user_id' FROM fresh_messages ORDER BY message_id""" }
+
+[consumer.inbox]
+processors = 4              # processor tasks in this process (0: receive only)
+claim_batch = 100           # rows per processor transaction
+poll_interval = "100ms"     # an idle processor looks for due rows this often
+ordering_key = "kafka_key"  # or { json_pointer = "/user_id" }, or "none"
+claim = "lock"              # or "lease": IN_PROGRESS + lease_until, reclaimed after expiry
+lease = "5m"                # claim = "lease" only: longer than the slowest handler call!
+done = "keep"               # or "delete"; kept rows go when retention drops their partition
 "#;
 
 #[cfg(test)]
@@ -733,6 +767,9 @@ mod tests {
             panic!("audit has an sql handler");
         };
         assert!(statement.contains("payload->>'amount_paise'"));
+        let notify = &config.consumers[2];
+        assert_eq!(notify.strategy, Strategy::Inbox);
+        assert_eq!(notify.inbox, InboxConfig::default());
     }
 
     #[test]
@@ -769,6 +806,11 @@ mod tests {
         assert_eq!(c.retention, 15 * DAY);
         assert_eq!(c.future_tolerance, DAY);
         assert_eq!(c.partitions_ahead, 3);
+        let i = &c.inbox;
+        assert_eq!((i.processors, i.claim_batch), (4, 100));
+        assert_eq!(i.poll_interval, 100 * MS);
+        assert_eq!(i.ordering_key, OrderingKey::KafkaKey);
+        assert_eq!((i.claim, i.lease, i.done), (ClaimMode::Lock, 300 * SEC, DoneRows::Keep));
         let pid = format!("-{}", std::process::id());
         assert!(config.worker_id().ends_with(&pid));
     }
@@ -801,6 +843,18 @@ mod tests {
             HandlerConfig::Custom { name }
         );
         assert!(is_parse_error(&with("strategy = \"Batch\"")));
+        let inbox = |extra: &str| consumer(&with(&format!("strategy = \"inbox\"\n{extra}")));
+        assert_eq!(inbox("").strategy, Strategy::Inbox);
+        let pointer = inbox("[consumer.inbox]\nordering_key = { json_pointer = \"/user_id\" }");
+        let user = OrderingKey::JsonPointer("/user_id".into());
+        assert_eq!(pointer.inbox.ordering_key, user);
+        let none = inbox("[consumer.inbox]\nordering_key = \"none\"").inbox.ordering_key;
+        assert_eq!(none, OrderingKey::None);
+        let lease = inbox("[consumer.inbox]\nclaim = \"lease\"\ndone = \"delete\"").inbox;
+        assert_eq!((lease.claim, lease.done), (ClaimMode::Lease, DoneRows::Delete));
+        assert!(is_parse_error(&with("[consumer.inbox]\nordering_key = \"key\"")));
+        let msg = invalid(&with("strategy = \"inbox\"\n[consumer.inbox]\nclaim_batch = 0"));
+        assert!(msg.contains("inbox.claim_batch must be at least 1"), "{msg}");
     }
 
     #[test]

@@ -1,0 +1,468 @@
+//! Inbox processors: claim due rows, apply their effect with the consumer's handler, and mark
+//! them DONE, all in one transaction (`claim = "lock"`), or claim by lease first and apply in a
+//! second transaction that holds only rows still leased to it (`claim = "lease"`).
+//!
+//! A round, for the claimed rows (at most one per ordering key, oldest first):
+//! 1. rebuild each message from its stored bytes; a payload the handler cannot read, or one its
+//!    check refuses, is FAILED at once (permanent: no retry can fix it, a fixed handler can
+//!    replay it);
+//! 2. per topic and partition (the handler's [`BatchContext`]), under a savepoint: stage the
+//!    messages for SQL handlers and call the handler with them as its fresh messages;
+//! 3. a group that fails is rolled back to its savepoint and its messages are applied one by
+//!    one, each under its own savepoint, so the failing ones are found and the rest applied;
+//! 4. mark the applied rows DONE (or delete them), schedule the failed ones (`attempts + 1`,
+//!    exponential backoff with jitter, the error text) or park them as FAILED past
+//!    `retry.max_attempts`; commit.
+//!
+//! A database error (connection lost, deadlock) loses the round: nothing of it commits, and the
+//! rows are claimable again (their locks died with the transaction, or their lease expires).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use deadpool_postgres::{Pool, Transaction};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::config::{ClaimMode, ConsumerConfig, DoneRows};
+use crate::envelope::{parse_object, Envelope};
+use crate::handler::{Applied, BatchContext, Handler, HandlerError};
+use crate::stats::Stats;
+use crate::store::inbox::{self as table, Claimed, Failure};
+use crate::store::{copy, ErrorClass, StoreError};
+use crate::strategy::backoff;
+
+/// Why a processor stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessorError {
+    /// The handler cannot work at all (its SQL or the schema is wrong): the worker stops.
+    #[error("consumer {consumer:?}: inbox processor: {reason}")]
+    Fatal { consumer: String, reason: String },
+}
+
+/// Everything the processors of one consumer share.
+pub struct Processors {
+    pub consumer: Arc<str>,
+    pub config: Arc<ConsumerConfig>,
+    pub pool: Pool,
+    pub handler: Arc<dyn Handler>,
+    /// Notified by this process's receiver after it stored rows.
+    pub stored: Arc<Notify>,
+    pub stats: Arc<Stats>,
+}
+
+/// What a round did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Round {
+    pub claimed: usize,
+    pub done: u64,
+    pub retried: u64,
+    pub failed: u64,
+    pub effects: u64,
+    pub business_duplicates: u64,
+    /// Leased rows another processor had reclaimed.
+    pub lease_lost: u64,
+    /// Per topic: the applied messages' record timestamps (ms), effects, business duplicates;
+    /// reported to the metrics once the round committed.
+    pub by_topic: Vec<(String, Vec<i64>, Applied)>,
+}
+
+/// How a round failed.
+enum RoundError {
+    /// Nothing committed; try again after a backoff.
+    Unavailable(String),
+    Fatal(String),
+}
+
+impl From<StoreError> for RoundError {
+    fn from(e: StoreError) -> Self {
+        match e.class() {
+            ErrorClass::Fatal => RoundError::Fatal(e.to_string()),
+            // A failing statement of our own (not the handler's) is the database's problem.
+            _ => RoundError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for RoundError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        StoreError::from(e).into()
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for RoundError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        StoreError::from(e).into()
+    }
+}
+
+impl Processors {
+    /// One processor task: rounds until `stop`. A round that claimed a full batch is followed by
+    /// another at once; otherwise the task waits for the receiver's signal or `poll_interval`.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<(), ProcessorError> {
+        let inbox = &self.config.inbox;
+        let mut unavailable = 0u32;
+        loop {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            let woken = self.stored.notified();
+            match self.round(&stop).await {
+                Ok(round) => {
+                    unavailable = 0;
+                    if round.claimed >= inbox.claim_batch {
+                        continue;
+                    }
+                }
+                Err(RoundError::Fatal(reason)) => {
+                    return Err(ProcessorError::Fatal {
+                        consumer: self.consumer.to_string(),
+                        reason,
+                    })
+                }
+                Err(RoundError::Unavailable(e)) => {
+                    unavailable += 1;
+                    tracing::warn!(consumer = %self.consumer, attempt = unavailable, error = %e,
+                        "inbox processor: database unavailable; round rolled back");
+                    tokio::select! {
+                        _ = stop.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(backoff(&self.config.retry, unavailable)) => {}
+                    }
+                    continue;
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                _ = woken => {}
+                _ = tokio::time::sleep(inbox.poll_interval) => {}
+            }
+        }
+    }
+
+    /// Claims, applies and marks one batch of due rows (tests drive processors with it).
+    pub async fn round_once(&self) -> Result<Round, String> {
+        self.round(&CancellationToken::new())
+            .await
+            .map_err(|e| match e {
+                RoundError::Unavailable(t) | RoundError::Fatal(t) => t,
+            })
+    }
+
+    /// One round. `stop` abandons it between the claim and the commit: the transaction rolls
+    /// back, so a lock claim's rows are free at once and a lease claim's are given back.
+    async fn round(&self, stop: &CancellationToken) -> Result<Round, RoundError> {
+        let started = Instant::now();
+        let limit = self.config.inbox.claim_batch as i64;
+        let mut conn = self.pool.get().await?;
+        let (round, claim_took) = match self.config.inbox.claim {
+            ClaimMode::Lock => {
+                let tx = conn.transaction().await?;
+                let claimed = table::claim_locked(&tx, &self.consumer, limit).await?;
+                let claim_took = started.elapsed();
+                let applied = tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => None,
+                    r = self.apply(&tx, claimed, true) => Some(r?),
+                };
+                match applied {
+                    Some(round) => {
+                        tx.commit().await?;
+                        (round, claim_took)
+                    }
+                    // Dropping the transaction rolls it back: the rows are unlocked.
+                    None => return Ok(Round::default()),
+                }
+            }
+            ClaimMode::Lease => {
+                let token = Uuid::new_v4();
+                let lease_ms = self.config.inbox.lease.as_millis() as i64;
+                let claimed =
+                    table::claim_leased(&conn, &self.consumer, limit, lease_ms, token).await?;
+                let claim_took = started.elapsed();
+                if claimed.is_empty() {
+                    (Round::default(), claim_took)
+                } else {
+                    let keys: Vec<_> = claimed
+                        .iter()
+                        .map(|c| (c.message_id, c.event_date))
+                        .collect();
+                    let applied = {
+                        let tx = conn.transaction().await?;
+                        tokio::select! {
+                            biased;
+                            _ = stop.cancelled() => None,
+                            r = self.apply_leased(&tx, claimed, token, &keys) => {
+                                let round = r?;
+                                tx.commit().await?;
+                                Some(round)
+                            }
+                        }
+                    };
+                    match applied {
+                        Some(round) => (round, claim_took),
+                        None => {
+                            table::release_leased(&**conn, &self.consumer, token, &keys).await?;
+                            return Ok(Round::default());
+                        }
+                    }
+                }
+            }
+        };
+        // The e2e latency of an inbox message runs from its Kafka timestamp to its effect.
+        for (topic, ts_ms, applied) in &round.by_topic {
+            crate::metrics::effects_committed(&self.consumer, topic, ts_ms);
+            crate::metrics::inbox_effects(
+                &self.consumer,
+                topic,
+                applied.effects,
+                applied.business_duplicates,
+            );
+        }
+        crate::metrics::inbox_round(
+            &self.consumer,
+            claim_took,
+            started.elapsed(),
+            round.done,
+            round.retried,
+            round.failed,
+        );
+        self.stats
+            .inbox_applied(round.effects, round.business_duplicates);
+        Ok(round)
+    }
+
+    /// The second transaction of a lease claim: lock the rows still leased to `token` (another
+    /// processor may have reclaimed some after the lease expired) and apply only those.
+    async fn apply_leased(
+        &self,
+        tx: &Transaction<'_>,
+        claimed: Vec<Claimed>,
+        token: Uuid,
+        keys: &[(Uuid, chrono::NaiveDate)],
+    ) -> Result<Round, RoundError> {
+        let held = table::hold_leased(tx, &self.consumer, token, keys).await?;
+        let n = claimed.len();
+        let ours: Vec<Claimed> = claimed
+            .into_iter()
+            .filter(|c| held.contains(&(c.message_id, c.event_date)))
+            .collect();
+        let lost = (n - ours.len()) as u64;
+        if lost > 0 {
+            tracing::warn!(consumer = %self.consumer, rows = lost, lease = ?self.config.inbox.lease,
+                "inbox lease expired before this processor applied its rows; another processor \
+                 reclaimed them (raise inbox.lease above the slowest handler call)");
+            crate::metrics::inbox_lease_lost(&self.consumer, lost);
+        }
+        let mut round = self.apply(tx, ours, false).await?;
+        round.claimed = n;
+        round.lease_lost = lost;
+        Ok(round)
+    }
+
+    /// Applies `claimed` in `tx` and records the outcome of every row (module docs, 1 to 4).
+    /// `count_attempt`: the claim did not count this attempt (lock claims).
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        claimed: Vec<Claimed>,
+        count_attempt: bool,
+    ) -> Result<Round, RoundError> {
+        let mut round = Round {
+            claimed: claimed.len(),
+            ..Round::default()
+        };
+        if claimed.is_empty() {
+            return Ok(round);
+        }
+        let retry = &self.config.retry;
+        // Attempts including this one.
+        let attempt_of = |c: &Claimed| c.attempts + count_attempt as i32;
+        let mut failures: Vec<Failure> = Vec::new();
+        let mut fail = |c: &Claimed, permanent: bool, error: String| {
+            let attempt = attempt_of(c).max(1);
+            let failed = permanent || attempt as u32 >= retry.max_attempts;
+            failures.push(Failure {
+                message_id: c.message_id,
+                event_date: c.event_date,
+                failed,
+                delay_ms: backoff(retry, attempt as u32).as_millis() as i64,
+                error: if failed && !permanent {
+                    format!("{error} (after {attempt} attempt(s))")
+                } else {
+                    error
+                },
+            });
+        };
+
+        // 1. Rebuild the messages; group them by where they came from, oldest first.
+        let mut groups: BTreeMap<(String, i32), Vec<(Claimed, Envelope)>> = BTreeMap::new();
+        for c in claimed {
+            // A lease claim counts its attempts when it claims: a row whose processors keep
+            // dying (or outliving the lease) is parked instead of being claimed forever.
+            if !count_attempt && c.attempts as u32 > retry.max_attempts {
+                let why = format!(
+                    "claimed {} times without finishing: each processor died or outlived \
+                     the lease",
+                    c.attempts - 1
+                );
+                fail(&c, true, why);
+                continue;
+            }
+            match self.envelope(&c) {
+                Ok(env) => groups
+                    .entry((c.topic.clone(), c.partition))
+                    .or_default()
+                    .push((c, env)),
+                Err(why) => fail(&c, true, why),
+            }
+        }
+
+        // 2, 3. Each group under a savepoint; a failing group one message at a time.
+        let mut done: Vec<(Uuid, chrono::NaiveDate)> = Vec::new();
+        for ((topic, partition), rows) in &groups {
+            let envs: Vec<&Envelope> = rows.iter().map(|(_, e)| e).collect();
+            let ctx = BatchContext {
+                consumer: &self.consumer,
+                topic,
+                partition: *partition,
+            };
+            let ts_ms = |rs: &[&(Claimed, Envelope)]| -> Vec<i64> {
+                rs.iter()
+                    .filter_map(|(_, e)| e.kafka_ts.map(|t| t.timestamp_millis()))
+                    .collect()
+            };
+            let mut applied_rows: Vec<&(Claimed, Envelope)> = Vec::new();
+            let mut sum = Applied::default();
+            match self.try_apply(tx, &ctx, &envs).await {
+                Ok(a) => {
+                    sum = a;
+                    applied_rows.extend(rows.iter());
+                }
+                Err(HandlerError::Fatal(t)) => return Err(RoundError::Fatal(t)),
+                Err(HandlerError::Unavailable(t)) => return Err(RoundError::Unavailable(t)),
+                Err(first) => {
+                    tracing::warn!(consumer = %self.consumer, topic, partition, rows = rows.len(),
+                        error = %first, "inbox batch failed; applying its messages one by one");
+                    for row in rows {
+                        let (c, env) = row;
+                        match self.try_apply(tx, &ctx, &[env]).await {
+                            Ok(a) => {
+                                sum.effects += a.effects;
+                                sum.business_duplicates += a.business_duplicates;
+                                applied_rows.push(row);
+                            }
+                            Err(HandlerError::Fatal(t)) => return Err(RoundError::Fatal(t)),
+                            Err(HandlerError::Unavailable(t)) => {
+                                return Err(RoundError::Unavailable(t))
+                            }
+                            Err(HandlerError::Transient(t)) => fail(c, false, t),
+                            Err(HandlerError::Reject(list)) => {
+                                let why = list.into_iter().map(|(_, w)| w).collect::<Vec<_>>();
+                                fail(c, true, why.join("; "))
+                            }
+                            Err(HandlerError::Permanent(t)) => fail(c, true, t),
+                        }
+                    }
+                }
+            }
+            round.effects += sum.effects;
+            round.business_duplicates += sum.business_duplicates;
+            round
+                .by_topic
+                .push((topic.clone(), ts_ms(&applied_rows), sum));
+            done.extend(applied_rows.iter().map(|(c, _)| (c.message_id, c.event_date)));
+        }
+
+        // 4. Marks.
+        let delete = self.config.inbox.done == DoneRows::Delete;
+        table::finish(tx, &self.consumer, &done, delete, count_attempt).await?;
+        table::fail(tx, &self.consumer, &failures, count_attempt).await?;
+        round.done = done.len() as u64;
+        for f in &failures {
+            if f.failed {
+                round.failed += 1;
+                tracing::warn!(consumer = %self.consumer, message_id = %f.message_id,
+                    error = %f.error, "inbox row FAILED (parked; `effectively inbox replay` after a fix)");
+            } else {
+                round.retried += 1;
+                tracing::info!(consumer = %self.consumer, message_id = %f.message_id,
+                    retry_in_ms = f.delay_ms, error = %f.error, "inbox row failed; retrying later");
+            }
+        }
+        Ok(round)
+    }
+
+    /// The handler over `envs` under a savepoint: released on success, rolled back on failure
+    /// (the transaction stays usable).
+    async fn try_apply(
+        &self,
+        tx: &Transaction<'_>,
+        ctx: &BatchContext<'_>,
+        envs: &[&Envelope],
+    ) -> Result<Applied, HandlerError> {
+        tx.batch_execute("SAVEPOINT inbox_apply").await?;
+        let result = async {
+            if self.handler.stages_payload() {
+                // The previous group's rows, if any, must not show in this group's view.
+                tx.batch_execute("DELETE FROM staged_messages").await?;
+                copy::stage(tx, envs, true, true)
+                    .await
+                    .map_err(|e| match e {
+                        StoreError::Postgres(pg) => HandlerError::from(pg),
+                        other => HandlerError::Unavailable(other.to_string()),
+                    })?;
+            }
+            self.handler.apply(tx, ctx, envs).await
+        }
+        .await;
+        match result {
+            Ok(a) => {
+                tx.batch_execute("RELEASE SAVEPOINT inbox_apply").await?;
+                Ok(a)
+            }
+            Err(e) => {
+                tx.batch_execute("ROLLBACK TO SAVEPOINT inbox_apply").await?;
+                Err(e)
+            }
+        }
+    }
+
+    /// The message as the handler sees it, from the stored row; or why it can never be applied.
+    fn envelope(&self, c: &Claimed) -> Result<Envelope, String> {
+        let payload = Bytes::copy_from_slice(&c.payload);
+        let json = if self.handler.needs_json() {
+            Some(parse_object(&payload).map_err(|r| r.to_string())?)
+        } else {
+            None
+        };
+        let env = Envelope {
+            partition: c.partition,
+            offset: c.offset,
+            message_id: c.message_id,
+            event_date: c.event_date,
+            kafka_ts: c.kafka_ts,
+            size: c.key.as_ref().map_or(0, |k| k.len()) + payload.len(),
+            key: c.key.as_deref().map(Bytes::copy_from_slice),
+            payload,
+            json,
+        };
+        self.handler.check(&env).map_err(|r| r.to_string())?;
+        Ok(env)
+    }
+}
+
+/// Starts `n` processor tasks for one consumer on `tasks`.
+pub fn spawn(
+    processors: &Arc<Processors>,
+    n: usize,
+    stop: &CancellationToken,
+    tasks: &mut tokio::task::JoinSet<Result<(), ProcessorError>>,
+) {
+    crate::metrics::inbox_consumer(&processors.consumer);
+    for _ in 0..n {
+        tasks.spawn(Arc::clone(processors).run(stop.child_token()));
+    }
+}

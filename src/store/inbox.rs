@@ -1,0 +1,451 @@
+//! The `inbox` table's SQL: the receiver's deduplicating insert, the processors' claims and
+//! marks, and the operator's status and replay. Every statement is set-based over a batch.
+//!
+//! Per-key order lives in one predicate shared by both claims: a row is claimable only if no
+//! open (PENDING or IN_PROGRESS) row of the same consumer and ordering key has a smaller `seq`.
+//! The head of a key that is waiting out a backoff, or is locked or leased by another processor,
+//! therefore holds back the rest of its key, and only its key. FAILED rows are parked: they no
+//! longer hold their key back (docs/DESIGN.md, "Inbox").
+
+use bytes::BytesMut;
+use chrono::{DateTime, NaiveDate, Utc};
+use deadpool_postgres::Transaction;
+use tokio_postgres::types::Type;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+use super::copy;
+use super::StoreError;
+use crate::envelope::Envelope;
+
+/// One message for the receiver to store.
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    pub env: &'a Envelope,
+    pub ordering_key: String,
+    pub header_names: Vec<&'a str>,
+    pub header_values: Vec<Option<&'a [u8]>>,
+}
+
+const COPY_IN: &str = "COPY staged_inbox (message_id, event_date, ordering_key, partition, \
+    \"offset\", kafka_ts, key, header_names, header_values, payload) FROM STDIN BINARY";
+
+const TYPES: [Type; 10] = [
+    Type::UUID,
+    Type::DATE,
+    Type::TEXT,
+    Type::INT4,
+    Type::INT8,
+    Type::TIMESTAMPTZ,
+    Type::BYTEA,
+    Type::TEXT_ARRAY,
+    Type::BYTEA_ARRAY,
+    Type::BYTEA,
+];
+
+// `seq` is drawn in offset order (the OFFSET 0 fence keeps the ordered subquery from being
+// flattened, so nextval runs after the sort); rows are inserted in message_id order, so two
+// receivers inserting overlapping ids lock them in the same order. The NOT EXISTS honours keys
+// this consumer recorded in processed_messages (under the batch strategy, or `done = "delete"`),
+// so switching a consumer to the inbox does not apply old messages again.
+const RECEIVE_KEEP: &str = "\
+WITH fresh AS MATERIALIZED (
+    SELECT s.* FROM staged_inbox s
+    WHERE NOT EXISTS (SELECT 1 FROM processed_messages p
+                      WHERE p.consumer = $1 AND p.message_id = s.message_id
+                        AND p.event_date = s.event_date)
+), numbered AS MATERIALIZED (
+    SELECT f.*, nextval('inbox_seq') AS seq
+    FROM (SELECT * FROM fresh ORDER BY \"offset\" OFFSET 0) f
+)
+INSERT INTO inbox (consumer, message_id, event_date, seq, ordering_key, topic, partition,
+                   \"offset\", kafka_ts, key, header_names, header_values, payload)
+SELECT $1, message_id, event_date, seq, ordering_key, $2, partition, \"offset\", kafka_ts, key,
+       header_names, header_values, payload
+FROM numbered ORDER BY message_id
+ON CONFLICT DO NOTHING";
+
+// `done = "delete"`: the inbox row goes once applied, so the key is recorded in the dedupe
+// ledger as it arrives, and only the keys new there are stored.
+const RECEIVE_DELETE: &str = "\
+WITH keys AS (
+    INSERT INTO processed_messages (consumer, message_id, event_date)
+    SELECT $1, message_id, event_date FROM staged_inbox ORDER BY message_id
+    ON CONFLICT DO NOTHING
+    RETURNING message_id, event_date
+), fresh AS MATERIALIZED (
+    SELECT s.* FROM staged_inbox s JOIN keys k USING (message_id, event_date)
+), numbered AS MATERIALIZED (
+    SELECT f.*, nextval('inbox_seq') AS seq
+    FROM (SELECT * FROM fresh ORDER BY \"offset\" OFFSET 0) f
+)
+INSERT INTO inbox (consumer, message_id, event_date, seq, ordering_key, topic, partition,
+                   \"offset\", kafka_ts, key, header_names, header_values, payload)
+SELECT $1, message_id, event_date, seq, ordering_key, $2, partition, \"offset\", kafka_ts, key,
+       header_names, header_values, payload
+FROM numbered ORDER BY message_id
+ON CONFLICT DO NOTHING";
+
+/// Stores `rows` (first copies, in offset order) in the caller's transaction; returns how many
+/// were new (the rest are duplicates). With `record_keys`, keys also go to processed_messages.
+pub async fn receive(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    topic: &str,
+    rows: &[Incoming<'_>],
+    record_keys: bool,
+) -> Result<u64, StoreError> {
+    copy::send(tx, COPY_IN, encode(rows)).await?;
+    let sql = if record_keys {
+        RECEIVE_DELETE
+    } else {
+        RECEIVE_KEEP
+    };
+    let stmt = tx.prepare_cached(sql).await?;
+    Ok(tx.execute(&stmt, &[&consumer, &topic]).await?)
+}
+
+fn encode(rows: &[Incoming<'_>]) -> bytes::Bytes {
+    let payload_bytes: usize = rows.iter().map(|r| r.env.size).sum();
+    let mut buf = BytesMut::with_capacity(32 + rows.len() * 128 + payload_bytes);
+    copy::put_header(&mut buf);
+    for r in rows {
+        let e = r.env;
+        let key = e.key.as_deref();
+        let payload: &[u8] = &e.payload;
+        copy::put_row(
+            &mut buf,
+            &[
+                (&e.message_id, &TYPES[0]),
+                (&e.event_date, &TYPES[1]),
+                (&r.ordering_key, &TYPES[2]),
+                (&e.partition, &TYPES[3]),
+                (&e.offset, &TYPES[4]),
+                (&e.kafka_ts, &TYPES[5]),
+                (&key, &TYPES[6]),
+                (&r.header_names, &TYPES[7]),
+                (&r.header_values, &TYPES[8]),
+                (&payload, &TYPES[9]),
+            ],
+        );
+    }
+    copy::put_trailer(&mut buf);
+    buf.freeze()
+}
+
+/// A claimed row: what the processor rebuilds the message from.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub message_id: Uuid,
+    pub event_date: NaiveDate,
+    pub seq: i64,
+    /// Attempts before this one (lock claims), or including this one (lease claims).
+    pub attempts: i32,
+    pub ordering_key: String,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub kafka_ts: Option<DateTime<Utc>>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+}
+
+const COLUMNS: &str = "message_id, event_date, seq, attempts, ordering_key, topic, partition, \
+    \"offset\", kafka_ts, key, payload";
+
+/// The per-key order predicate (see the module docs), for a row aliased `i`.
+const HEAD_OF_KEY: &str = "NOT EXISTS (
+        SELECT 1 FROM inbox h
+        WHERE h.consumer = i.consumer AND h.ordering_key = i.ordering_key
+          AND h.status IN ('PENDING', 'IN_PROGRESS') AND h.seq < i.seq)";
+
+fn claimed(r: &tokio_postgres::Row) -> Claimed {
+    Claimed {
+        message_id: r.get(0),
+        event_date: r.get(1),
+        seq: r.get(2),
+        attempts: r.get(3),
+        ordering_key: r.get(4),
+        topic: r.get(5),
+        partition: r.get(6),
+        offset: r.get(7),
+        kafka_ts: r.get(8),
+        key: r.get(9),
+        payload: r.get(10),
+    }
+}
+
+fn claim_locked_sql() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM inbox i
+         WHERE i.consumer = $1 AND i.status = 'PENDING' AND i.next_attempt_at <= now()
+           AND {HEAD_OF_KEY}
+         ORDER BY i.seq LIMIT $2
+         FOR UPDATE OF i SKIP LOCKED"
+    )
+}
+
+/// `claim = "lock"`: locks up to `limit` due rows, oldest first, skipping rows other processors
+/// hold, in the caller's transaction (which applies them and commits).
+pub async fn claim_locked(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    limit: i64,
+) -> Result<Vec<Claimed>, StoreError> {
+    let stmt = tx.prepare_cached(&claim_locked_sql()).await?;
+    let rows = tx.query(&stmt, &[&consumer, &limit]).await?;
+    Ok(rows.iter().map(claimed).collect())
+}
+
+fn claim_leased_sql() -> String {
+    let cols = COLUMNS
+        .split(", ")
+        .map(|c| format!("u.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "WITH picked AS (
+             SELECT i.message_id, i.event_date FROM inbox i
+             WHERE i.consumer = $1
+               AND ((i.status = 'PENDING' AND i.next_attempt_at <= now())
+                    OR (i.status = 'IN_PROGRESS' AND i.lease_until < now()))
+               AND {HEAD_OF_KEY}
+             ORDER BY i.seq LIMIT $2
+             FOR UPDATE OF i SKIP LOCKED)
+         UPDATE inbox u
+         SET status = 'IN_PROGRESS', lease_until = now() + $3 * interval '1 millisecond',
+             claim_token = $4, attempts = u.attempts + 1
+         FROM picked p
+         WHERE u.consumer = $1 AND u.message_id = p.message_id AND u.event_date = p.event_date
+         RETURNING {cols}"
+    )
+}
+
+/// `claim = "lease"`: marks up to `limit` due rows, or rows whose lease expired, IN_PROGRESS
+/// under `token` until `lease_ms` from now, and commits (autocommit on `client`). Oldest first.
+pub async fn claim_leased(
+    client: &deadpool_postgres::ClientWrapper,
+    consumer: &str,
+    limit: i64,
+    lease_ms: i64,
+    token: Uuid,
+) -> Result<Vec<Claimed>, StoreError> {
+    let stmt = client.prepare_cached(&claim_leased_sql()).await?;
+    let rows = client
+        .query(&stmt, &[&consumer, &limit, &(lease_ms as f64), &token])
+        .await?;
+    let mut out: Vec<Claimed> = rows.iter().map(claimed).collect();
+    out.sort_by_key(|c| c.seq);
+    Ok(out)
+}
+
+const HOLD_LEASED: &str = "\
+SELECT message_id, event_date FROM inbox
+WHERE consumer = $1 AND claim_token = $2 AND status = 'IN_PROGRESS'
+  AND event_date = ANY($4::date[])
+  AND (message_id, event_date) IN (SELECT * FROM unnest($3::uuid[], $4::date[]))
+FOR UPDATE";
+
+/// Locks the rows of a lease claim that are still this processor's (not reclaimed by another
+/// after the lease expired), in the transaction that applies them.
+pub async fn hold_leased(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    token: Uuid,
+    keys: &[(Uuid, NaiveDate)],
+) -> Result<Vec<(Uuid, NaiveDate)>, StoreError> {
+    let (ids, dates) = split(keys);
+    let stmt = tx.prepare_cached(HOLD_LEASED).await?;
+    let rows = tx.query(&stmt, &[&consumer, &token, &ids, &dates]).await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+const RELEASE_LEASED: &str = "\
+UPDATE inbox SET status = 'PENDING', lease_until = NULL, claim_token = NULL
+WHERE consumer = $1 AND claim_token = $2 AND status = 'IN_PROGRESS'
+  AND event_date = ANY($4::date[])
+  AND (message_id, event_date) IN (SELECT * FROM unnest($3::uuid[], $4::date[]))";
+
+/// Gives back a lease claim's rows that were not finished (a processor stopping).
+pub async fn release_leased<C: GenericClient + Sync>(
+    client: &C,
+    consumer: &str,
+    token: Uuid,
+    keys: &[(Uuid, NaiveDate)],
+) -> Result<u64, StoreError> {
+    let (ids, dates) = split(keys);
+    Ok(client
+        .execute(RELEASE_LEASED, &[&consumer, &token, &ids, &dates])
+        .await?)
+}
+
+const MARK_DONE: &str = "\
+UPDATE inbox i SET status = 'DONE', done_at = now(), attempts = i.attempts + $4,
+                   lease_until = NULL, claim_token = NULL, last_error = NULL
+FROM unnest($2::uuid[], $3::date[]) AS d(message_id, event_date)
+WHERE i.consumer = $1 AND i.event_date = ANY($3::date[])
+  AND i.message_id = d.message_id AND i.event_date = d.event_date";
+
+const DELETE_DONE: &str = "\
+DELETE FROM inbox i
+USING unnest($2::uuid[], $3::date[]) AS d(message_id, event_date)
+WHERE i.consumer = $1 AND i.event_date = ANY($3::date[])
+  AND i.message_id = d.message_id AND i.event_date = d.event_date";
+
+/// Finishes applied rows in the caller's transaction: DONE (counting this attempt when
+/// `count_attempt`), or deleted.
+pub async fn finish(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    keys: &[(Uuid, NaiveDate)],
+    delete: bool,
+    count_attempt: bool,
+) -> Result<u64, StoreError> {
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let (ids, dates) = split(keys);
+    if delete {
+        let stmt = tx.prepare_cached(DELETE_DONE).await?;
+        return Ok(tx.execute(&stmt, &[&consumer, &ids, &dates]).await?);
+    }
+    let stmt = tx.prepare_cached(MARK_DONE).await?;
+    let inc = count_attempt as i32;
+    Ok(tx.execute(&stmt, &[&consumer, &ids, &dates, &inc]).await?)
+}
+
+/// A row whose attempt failed.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub message_id: Uuid,
+    pub event_date: NaiveDate,
+    /// Parked as FAILED (permanent, or out of attempts); else retried after `delay_ms`.
+    pub failed: bool,
+    pub delay_ms: i64,
+    pub error: String,
+}
+
+const FAIL: &str = "\
+UPDATE inbox i
+SET attempts = i.attempts + $7,
+    status = CASE WHEN f.failed THEN 'FAILED' ELSE 'PENDING' END,
+    next_attempt_at = now() + f.delay_ms * interval '1 millisecond',
+    last_error = f.error, lease_until = NULL, claim_token = NULL
+FROM unnest($2::uuid[], $3::date[], $4::bool[], $5::int8[], $6::text[])
+     AS f(message_id, event_date, failed, delay_ms, error)
+WHERE i.consumer = $1 AND i.event_date = ANY($3::date[])
+  AND i.message_id = f.message_id AND i.event_date = f.event_date";
+
+/// Records failed attempts in the caller's transaction (`count_attempt`: lock claims, whose
+/// claim did not count it yet).
+pub async fn fail(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    rows: &[Failure],
+    count_attempt: bool,
+) -> Result<u64, StoreError> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<Uuid> = rows.iter().map(|f| f.message_id).collect();
+    let dates: Vec<NaiveDate> = rows.iter().map(|f| f.event_date).collect();
+    let failed: Vec<bool> = rows.iter().map(|f| f.failed).collect();
+    let delays: Vec<i64> = rows.iter().map(|f| f.delay_ms).collect();
+    let errors: Vec<&str> = rows.iter().map(|f| f.error.as_str()).collect();
+    let inc = count_attempt as i32;
+    let stmt = tx.prepare_cached(FAIL).await?;
+    Ok(tx
+        .execute(
+            &stmt,
+            &[&consumer, &ids, &dates, &failed, &delays, &errors, &inc],
+        )
+        .await?)
+}
+
+fn split(keys: &[(Uuid, NaiveDate)]) -> (Vec<Uuid>, Vec<NaiveDate>) {
+    keys.iter().copied().unzip()
+}
+
+/// Which rows `effectively inbox replay` puts back.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayFilter {
+    /// Only FAILED rows; otherwise FAILED and DONE ones.
+    pub failed_only: bool,
+    /// Only rows received at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only rows of this ordering key.
+    pub key: Option<String>,
+}
+
+const REPLAY: &str = "\
+UPDATE inbox
+SET status = 'PENDING', attempts = 0, next_attempt_at = now(), lease_until = NULL,
+    claim_token = NULL, done_at = NULL
+WHERE consumer = $1 AND status = ANY($2::text[])
+  AND ($3::timestamptz IS NULL OR received_at >= $3)
+  AND ($4::text IS NULL OR ordering_key = $4)";
+
+/// Puts matching rows back to PENDING; returns how many. The effect is then applied again, so
+/// replaying DONE rows is safe only for an effect that keeps its own business key.
+pub async fn replay<C: GenericClient + Sync>(
+    client: &C,
+    consumer: &str,
+    filter: &ReplayFilter,
+) -> Result<u64, StoreError> {
+    let statuses: Vec<&str> = if filter.failed_only {
+        vec!["FAILED"]
+    } else {
+        vec!["FAILED", "DONE"]
+    };
+    Ok(client
+        .execute(
+            REPLAY,
+            &[&consumer, &statuses, &filter.since, &filter.key],
+        )
+        .await?)
+}
+
+/// One consumer's inbox at a glance.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Status {
+    pub consumer: String,
+    pub pending: i64,
+    /// PENDING rows whose next attempt is due now (the rest wait out a backoff).
+    pub due: i64,
+    pub in_progress: i64,
+    pub failed: i64,
+    /// Age of the oldest PENDING row, in seconds (0 when there is none).
+    pub oldest_pending_s: f64,
+}
+
+const STATUS: &str = "\
+SELECT c.consumer,
+       count(i.*) FILTER (WHERE i.status = 'PENDING'),
+       count(i.*) FILTER (WHERE i.status = 'PENDING' AND i.next_attempt_at <= now()),
+       count(i.*) FILTER (WHERE i.status = 'IN_PROGRESS'),
+       count(i.*) FILTER (WHERE i.status = 'FAILED'),
+       coalesce(extract(epoch FROM now() - min(i.received_at)
+                        FILTER (WHERE i.status = 'PENDING')), 0)::float8
+FROM unnest($1::text[]) AS c(consumer)
+LEFT JOIN inbox i ON i.consumer = c.consumer
+                 AND i.status IN ('PENDING', 'IN_PROGRESS', 'FAILED')
+GROUP BY c.consumer ORDER BY c.consumer";
+
+/// The inbox status of each of `consumers` (a consumer with no rows shows zeros).
+pub async fn status<C: GenericClient + Sync>(
+    client: &C,
+    consumers: &[String],
+) -> Result<Vec<Status>, StoreError> {
+    let rows = client.query(STATUS, &[&consumers]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| Status {
+            consumer: r.get(0),
+            pending: r.get(1),
+            due: r.get(2),
+            in_progress: r.get(3),
+            failed: r.get(4),
+            oldest_pending_s: r.get(5),
+        })
+        .collect())
+}

@@ -1,0 +1,163 @@
+//! The `inbox` strategy's receiver: store first, process later. One transaction per batch of a
+//! partition, through the same driver as the batch strategy:
+//!
+//! 1. advance the partition's offset, fenced by the ownership epoch (a zombie stops here);
+//! 2. park what cannot even be stored (no id, oversized, undated) in `dead_letters`;
+//! 3. binary `COPY` the first copy of each message, with its ordering key and raw bytes, into
+//!    `staged_inbox`;
+//! 4. `INSERT INTO inbox ... ON CONFLICT DO NOTHING`: the primary key dedupes;
+//! 5. `COMMIT`, then tell Kafka, and wake this process's processors.
+//!
+//! No handler runs here, so a slow or failing handler never holds the partition: the processors
+//! ([`crate::inbox`]) apply the effects from the table.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use deadpool_postgres::Transaction;
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use super::segments::{drive, Body, BodyOutcome, Shape};
+use super::{AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
+use crate::batch::{Batch, Raw};
+use crate::config::{DoneRows, OrderingKey};
+use crate::envelope::Envelope;
+use crate::store::inbox::{self, Incoming};
+
+/// The receiver of one inbox consumer.
+pub struct Inbox {
+    pub ordering_key: OrderingKey,
+    pub done: DoneRows,
+    /// Notified after every commit that stored rows, so local processors need not wait for
+    /// their next poll.
+    pub stored: Arc<Notify>,
+}
+
+#[async_trait]
+impl Strategy for Inbox {
+    fn checks_messages(&self) -> bool {
+        false
+    }
+
+    async fn process(
+        &self,
+        ctx: &PartitionCtx,
+        batch: Batch,
+        committed: Committed<'_>,
+    ) -> Result<Outcome, BatchError> {
+        let shape = Shape {
+            segment_len: usize::MAX,
+            fence_first: true,
+        };
+        let out = drive(ctx, &batch, &shape, self, committed).await?;
+        if out.fresh > 0 {
+            self.stored.notify_waiters();
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Body for Inbox {
+    async fn run(
+        &self,
+        ctx: &PartitionCtx,
+        tx: &Transaction<'_>,
+        candidates: &[&Envelope],
+        raws: &[&Raw],
+    ) -> Result<BodyOutcome, AttemptError> {
+        let rows: Vec<Incoming<'_>> = candidates
+            .iter()
+            .zip(raws)
+            .map(|(env, raw)| Incoming {
+                env,
+                ordering_key: ordering_key(&self.ordering_key, env),
+                header_names: raw.headers.iter().map(|(k, _)| k.as_str()).collect(),
+                header_values: raw.headers.iter().map(|(_, v)| v.as_deref()).collect(),
+            })
+            .collect();
+        let t0 = Instant::now();
+        let record_keys = self.done == DoneRows::Delete;
+        let stored = inbox::receive(tx, &ctx.consumer, &ctx.topic, &rows, record_keys).await?;
+        Ok(BodyOutcome {
+            stage: t0.elapsed(),
+            fresh: stored,
+            duplicates: candidates.len() as u64 - stored,
+            ..BodyOutcome::default()
+        })
+    }
+}
+
+/// The key whose rows are applied in arrival order. A message without one (no Kafka key, or
+/// nothing at the pointer) is its own key: it is ordered with nothing, as Kafka orders keyless
+/// records with nothing either.
+pub fn ordering_key(source: &OrderingKey, env: &Envelope) -> String {
+    let own = || format!("id:{}", env.message_id);
+    match source {
+        OrderingKey::None => own(),
+        OrderingKey::KafkaKey => match env.key.as_deref() {
+            Some(k) if !k.is_empty() => match std::str::from_utf8(k) {
+                Ok(text) => format!("k:{text}"),
+                Err(_) => format!("x:{}", hex(k)),
+            },
+            _ => own(),
+        },
+        OrderingKey::JsonPointer(ptr) => {
+            let parsed;
+            let doc = match &env.json {
+                Some(doc) => Some(doc),
+                None => {
+                    parsed = serde_json::from_slice::<Value>(&env.payload).ok();
+                    parsed.as_ref()
+                }
+            };
+            match doc.and_then(|d| d.pointer(ptr)) {
+                Some(Value::String(s)) if !s.is_empty() => format!("k:{s}"),
+                Some(v @ Value::Number(_)) => format!("k:{v}"),
+                _ => own(),
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(key: Option<&[u8]>, payload: &str) -> Envelope {
+        Envelope {
+            partition: 0,
+            offset: 0,
+            message_id: uuid::Uuid::nil(),
+            event_date: chrono::NaiveDate::from_ymd_opt(2026, 12, 3).unwrap(),
+            kafka_ts: None,
+            key: key.map(bytes::Bytes::copy_from_slice),
+            payload: bytes::Bytes::copy_from_slice(payload.as_bytes()),
+            json: None,
+            size: 0,
+        }
+    }
+
+    #[test]
+    fn ordering_keys() {
+        let own = format!("id:{}", uuid::Uuid::nil());
+        let e = env(Some(b"u_17"), r#"{"order_id": "o-1", "n": 7}"#);
+        assert_eq!(ordering_key(&OrderingKey::KafkaKey, &e), "k:u_17");
+        assert_eq!(ordering_key(&OrderingKey::None, &e), own);
+        let order = OrderingKey::JsonPointer("/order_id".into());
+        assert_eq!(ordering_key(&order, &e), "k:o-1");
+        let n = OrderingKey::JsonPointer("/n".into());
+        assert_eq!(ordering_key(&n, &e), "k:7");
+        let missing = OrderingKey::JsonPointer("/nope".into());
+        assert_eq!(ordering_key(&missing, &e), own);
+        assert_eq!(ordering_key(&OrderingKey::KafkaKey, &env(None, "{}")), own);
+        let binary = env(Some(&[0xff, 0x00]), "{}");
+        assert_eq!(ordering_key(&OrderingKey::KafkaKey, &binary), "x:ff00");
+    }
+}
