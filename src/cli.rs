@@ -366,7 +366,9 @@ async fn inbox(action: InboxAction) -> anyhow::Result<()> {
                 anyhow::bail!("this config has no consumer named {consumer:?}");
             }
             let since = match since {
-                Some(s) => Some(admin::parse_since(&s, chrono::Utc::now()).map_err(anyhow::Error::msg)?),
+                Some(s) => {
+                    Some(admin::parse_since(&s, chrono::Utc::now()).map_err(anyhow::Error::msg)?)
+                }
                 None => None,
             };
             let filter = store::inbox::ReplayFilter {

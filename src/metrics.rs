@@ -420,7 +420,11 @@ pub fn inbox_consumer(consumer: &str) {
 /// The sampled inbox gauges of one consumer.
 pub fn inbox_status(consumer: &str, pending: i64, in_progress: i64, failed: i64, oldest_s: f64) {
     let c = consumer.to_string();
-    for (status, n) in [("pending", pending), ("in_progress", in_progress), ("failed", failed)] {
+    for (status, n) in [
+        ("pending", pending),
+        ("in_progress", in_progress),
+        ("failed", failed),
+    ] {
         gauge!(INBOX_ROWS, "consumer" => c.clone(), "status" => status).set(n as f64);
     }
     gauge!(INBOX_OLDEST_PENDING_AGE, "consumer" => c).set(oldest_s);

@@ -13,12 +13,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Strategy as StrategyKind};
 use crate::handler::Registry;
+use crate::inbox::processor::{self, ProcessorError, Processors};
 use crate::source::consumer::{Source, SourceError};
 use crate::stats::Stats;
 use crate::store::partitions::Known;
 use crate::store::pool::{self, PoolOptions};
 use crate::store::retention;
-use crate::inbox::processor::{self, ProcessorError, Processors};
 use crate::strategy::{batched::Batched, inbox::Inbox, per_message::PerMessage, Strategy};
 
 #[derive(Debug, thiserror::Error)]

@@ -810,7 +810,10 @@ mod tests {
         assert_eq!((i.processors, i.claim_batch), (4, 100));
         assert_eq!(i.poll_interval, 100 * MS);
         assert_eq!(i.ordering_key, OrderingKey::KafkaKey);
-        assert_eq!((i.claim, i.lease, i.done), (ClaimMode::Lock, 300 * SEC, DoneRows::Keep));
+        assert_eq!(
+            (i.claim, i.lease, i.done),
+            (ClaimMode::Lock, 300 * SEC, DoneRows::Keep)
+        );
         let pid = format!("-{}", std::process::id());
         assert!(config.worker_id().ends_with(&pid));
     }
@@ -848,13 +851,25 @@ mod tests {
         let pointer = inbox("[consumer.inbox]\nordering_key = { json_pointer = \"/user_id\" }");
         let user = OrderingKey::JsonPointer("/user_id".into());
         assert_eq!(pointer.inbox.ordering_key, user);
-        let none = inbox("[consumer.inbox]\nordering_key = \"none\"").inbox.ordering_key;
+        let none = inbox("[consumer.inbox]\nordering_key = \"none\"")
+            .inbox
+            .ordering_key;
         assert_eq!(none, OrderingKey::None);
         let lease = inbox("[consumer.inbox]\nclaim = \"lease\"\ndone = \"delete\"").inbox;
-        assert_eq!((lease.claim, lease.done), (ClaimMode::Lease, DoneRows::Delete));
-        assert!(is_parse_error(&with("[consumer.inbox]\nordering_key = \"key\"")));
-        let msg = invalid(&with("strategy = \"inbox\"\n[consumer.inbox]\nclaim_batch = 0"));
-        assert!(msg.contains("inbox.claim_batch must be at least 1"), "{msg}");
+        assert_eq!(
+            (lease.claim, lease.done),
+            (ClaimMode::Lease, DoneRows::Delete)
+        );
+        assert!(is_parse_error(&with(
+            "[consumer.inbox]\nordering_key = \"key\""
+        )));
+        let msg = invalid(&with(
+            "strategy = \"inbox\"\n[consumer.inbox]\nclaim_batch = 0",
+        ));
+        assert!(
+            msg.contains("inbox.claim_batch must be at least 1"),
+            "{msg}"
+        );
     }
 
     #[test]

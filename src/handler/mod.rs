@@ -21,7 +21,9 @@ use crate::store::{classify, ErrorClass};
 pub struct BatchContext<'a> {
     pub consumer: &'a str,
     pub topic: &'a str,
-    pub partition: i32,
+    /// The batch's partition; `None` when it spans several (an inbox processor's round takes
+    /// due rows of every partition at once). Each message carries its own in any case.
+    pub partition: Option<i32>,
 }
 
 /// What the effect did.

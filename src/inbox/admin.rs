@@ -55,8 +55,13 @@ mod tests {
             .with_timezone(&Utc);
         let t = parse_since("2026-12-01T00:00:00Z", now).unwrap();
         assert_eq!(t.to_rfc3339(), "2026-12-01T00:00:00+00:00");
-        assert_eq!(parse_since("2h", now).unwrap(), now - chrono::Duration::hours(2));
-        assert!(parse_since("yesterday", now).unwrap_err().contains("--since"));
+        assert_eq!(
+            parse_since("2h", now).unwrap(),
+            now - chrono::Duration::hours(2)
+        );
+        assert!(parse_since("yesterday", now)
+            .unwrap_err()
+            .contains("--since"));
     }
 
     #[test]

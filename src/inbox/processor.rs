@@ -6,7 +6,7 @@
 //! 1. rebuild each message from its stored bytes; a payload the handler cannot read, or one its
 //!    check refuses, is FAILED at once (permanent: no retry can fix it, a fixed handler can
 //!    replay it);
-//! 2. per topic and partition (the handler's [`BatchContext`]), under a savepoint: stage the
+//! 2. per topic (the handler's [`BatchContext`], spanning partitions), under a savepoint: stage the
 //!    messages for SQL handlers and call the handler with them as its fresh messages;
 //! 3. a group that fails is rolled back to its savepoint and its messages are applied one by
 //!    one, each under its own savepoint, so the failing ones are found and the rest applied;
@@ -297,8 +297,11 @@ impl Processors {
             });
         };
 
-        // 1. Rebuild the messages; group them by where they came from, oldest first.
-        let mut groups: BTreeMap<(String, i32), Vec<(Claimed, Envelope)>> = BTreeMap::new();
+        // 1. Rebuild the messages; group them by topic, oldest first. One handler call per topic,
+        // not per partition: a handler sorts the rows it locks within one call, so two
+        // processors whose rounds span the same partitions cannot deadlock on shared rows (a
+        // wallet credited by rows of two partitions would be locked in two orders).
+        let mut groups: BTreeMap<String, Vec<(Claimed, Envelope)>> = BTreeMap::new();
         for c in claimed {
             // A lease claim counts its attempts when it claims: a row whose processors keep
             // dying (or outliving the lease) is parked instead of being claimed forever.
@@ -313,7 +316,7 @@ impl Processors {
             }
             match self.envelope(&c) {
                 Ok(env) => groups
-                    .entry((c.topic.clone(), c.partition))
+                    .entry(c.topic.clone())
                     .or_default()
                     .push((c, env)),
                 Err(why) => fail(&c, true, why),
@@ -322,12 +325,12 @@ impl Processors {
 
         // 2, 3. Each group under a savepoint; a failing group one message at a time.
         let mut done: Vec<(Uuid, chrono::NaiveDate)> = Vec::new();
-        for ((topic, partition), rows) in &groups {
+        for (topic, rows) in &groups {
             let envs: Vec<&Envelope> = rows.iter().map(|(_, e)| e).collect();
             let ctx = BatchContext {
                 consumer: &self.consumer,
                 topic,
-                partition: *partition,
+                partition: None,
             };
             let ts_ms = |rs: &[&(Claimed, Envelope)]| -> Vec<i64> {
                 rs.iter()
@@ -344,7 +347,7 @@ impl Processors {
                 Err(HandlerError::Fatal(t)) => return Err(RoundError::Fatal(t)),
                 Err(HandlerError::Unavailable(t)) => return Err(RoundError::Unavailable(t)),
                 Err(first) => {
-                    tracing::warn!(consumer = %self.consumer, topic, partition, rows = rows.len(),
+                    tracing::warn!(consumer = %self.consumer, topic, rows = rows.len(),
                         error = %first, "inbox batch failed; applying its messages one by one");
                     for row in rows {
                         let (c, env) = row;
@@ -373,7 +376,11 @@ impl Processors {
             round
                 .by_topic
                 .push((topic.clone(), ts_ms(&applied_rows), sum));
-            done.extend(applied_rows.iter().map(|(c, _)| (c.message_id, c.event_date)));
+            done.extend(
+                applied_rows
+                    .iter()
+                    .map(|(c, _)| (c.message_id, c.event_date)),
+            );
         }
 
         // 4. Marks.
@@ -424,7 +431,8 @@ impl Processors {
                 Ok(a)
             }
             Err(e) => {
-                tx.batch_execute("ROLLBACK TO SAVEPOINT inbox_apply").await?;
+                tx.batch_execute("ROLLBACK TO SAVEPOINT inbox_apply")
+                    .await?;
                 Err(e)
             }
         }

@@ -398,10 +398,7 @@ pub async fn replay<C: GenericClient + Sync>(
         vec!["FAILED", "DONE"]
     };
     Ok(client
-        .execute(
-            REPLAY,
-            &[&consumer, &statuses, &filter.since, &filter.key],
-        )
+        .execute(REPLAY, &[&consumer, &statuses, &filter.since, &filter.key])
         .await?)
 }
 

@@ -77,7 +77,7 @@ impl Body for StageAndDedupe {
         let bctx = BatchContext {
             consumer: &ctx.consumer,
             topic: &ctx.topic,
-            partition: ctx.partition,
+            partition: Some(ctx.partition),
         };
         let applied = ctx.handler.apply(tx, &bctx, &fresh).await;
         out.effect = t2.elapsed();

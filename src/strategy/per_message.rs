@@ -73,7 +73,7 @@ impl Body for KeyFirst {
             let bctx = BatchContext {
                 consumer: &ctx.consumer,
                 topic: &ctx.topic,
-                partition: ctx.partition,
+                partition: Some(ctx.partition),
             };
             let t2 = Instant::now();
             let applied = ctx.handler.apply(tx, &bctx, &[*msg]).await?;
