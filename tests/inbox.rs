@@ -116,7 +116,7 @@ async fn a_slow_handler_does_not_hold_kafka() {
 }
 
 /// Logs `(key, n)` of every message it applies, in the order of the slice, and fails
-/// transiently on `n == 3` the first two times.
+/// transiently on key A's `n == 3` the first two times.
 #[derive(Default)]
 struct OrderLog {
     failures_left: AtomicU32,
@@ -135,9 +135,9 @@ impl Handler for OrderLog {
         for m in fresh {
             let doc = m.json.as_ref().unwrap();
             let n = doc["n"].as_i64().unwrap() as i32;
-            if n == 3 && self.failures_left.load(Ordering::SeqCst) > 0 {
+            if doc["k"] == "A" && n == 3 && self.failures_left.load(Ordering::SeqCst) > 0 {
                 self.failures_left.fetch_sub(1, Ordering::SeqCst);
-                return Err(HandlerError::Transient("injected: 3 fails".into()));
+                return Err(HandlerError::Transient("injected: A3 fails".into()));
             }
             keys.push(doc["k"].as_str().unwrap().to_string());
             ns.push(n);
@@ -171,14 +171,16 @@ async fn per_key_order_holds_under_retries() {
         failures_left: AtomicU32::new(2),
     });
     let registry = Registry::new().with("log", log.clone() as Arc<dyn Handler>);
-    let extra = format!(
-        "message_id = {{ json_pointer = \"/event_id\" }}\n{INBOX}[consumer.inbox]\nclaim_batch = 10\n"
-    );
+    // One row a round, so each of A3's attempts is one handler call; a backoff long enough that
+    // B and C finish while A waits.
+    let extra = "message_id = { json_pointer = \"/event_id\" }\nstrategy = \"inbox\"\n\
+                 [consumer.retry]\nmax_attempts = 5\ninitial_backoff = \"700ms\"\n\
+                 max_backoff = \"700ms\"\n[consumer.inbox]\nclaim_batch = 1\n";
     let config = config(
         &consumer,
         &topic,
         "{ kind = \"custom\", name = \"log\" }",
-        &extra,
+        extra,
     );
     let worker = start_with(config, registry).await;
     // Keys A and B on one partition, C on the other, events 1..5 each, interleaved.
@@ -219,7 +221,7 @@ async fn per_key_order_holds_under_retries() {
     assert_eq!(
         log.failures_left.load(Ordering::SeqCst),
         0,
-        "3 failed twice"
+        "A3 failed twice"
     );
     let attempts: Vec<i32> = db
         .query(
@@ -232,8 +234,24 @@ async fn per_key_order_holds_under_retries() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    // Only the first event 3 the handler saw (of A or B) failed twice.
-    assert!(attempts.iter().all(|a| *a == 1 || *a == 3), "{attempts:?}");
+    assert_eq!(attempts, vec![1, 1, 3, 1, 1]);
+    // A's failing head held back A alone: B and C were all applied before A3 was.
+    let log_id = |k: &'static str, n: i32| {
+        let db = &db;
+        let consumer = &consumer;
+        async move {
+            db.query_one(
+                "SELECT id FROM inbox_test_log WHERE consumer = $1 AND key = $2 AND n = $3",
+                &[consumer, &k, &n],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+        }
+    };
+    let a3 = log_id("A", 3).await;
+    assert!(log_id("B", 5).await < a3, "B waited for A");
+    assert!(log_id("C", 5).await < a3, "C waited for A");
     worker.stop().await.unwrap();
 }
 

@@ -346,12 +346,16 @@ impl Processors {
                 }
                 Err(HandlerError::Fatal(t)) => return Err(RoundError::Fatal(t)),
                 Err(HandlerError::Unavailable(t)) => return Err(RoundError::Unavailable(t)),
+                // A group of one: its error is the row's, no second call.
+                Err(only) if rows.len() == 1 => {
+                    let (permanent, why) = row_error(only);
+                    fail(&rows[0].0, permanent, why)
+                }
                 Err(first) => {
                     tracing::warn!(consumer = %self.consumer, topic, rows = rows.len(),
                         error = %first, "inbox batch failed; applying its messages one by one");
                     for row in rows {
-                        let (c, env) = row;
-                        match self.try_apply(tx, &ctx, &[env]).await {
+                        match self.try_apply(tx, &ctx, &[&row.1]).await {
                             Ok(a) => {
                                 sum.effects += a.effects;
                                 sum.business_duplicates += a.business_duplicates;
@@ -361,12 +365,10 @@ impl Processors {
                             Err(HandlerError::Unavailable(t)) => {
                                 return Err(RoundError::Unavailable(t))
                             }
-                            Err(HandlerError::Transient(t)) => fail(c, false, t),
-                            Err(HandlerError::Reject(list)) => {
-                                let why = list.into_iter().map(|(_, w)| w).collect::<Vec<_>>();
-                                fail(c, true, why.join("; "))
+                            Err(e) => {
+                                let (permanent, why) = row_error(e);
+                                fail(&row.0, permanent, why)
                             }
-                            Err(HandlerError::Permanent(t)) => fail(c, true, t),
                         }
                     }
                 }
@@ -459,6 +461,21 @@ impl Processors {
         };
         self.handler.check(&env).map_err(|r| r.to_string())?;
         Ok(env)
+    }
+}
+
+/// A row's handler error: whether no retry can fix it, and the text kept in `last_error`.
+/// (`Fatal` and `Unavailable` are the round's, not the row's: the caller handles them first.)
+fn row_error(e: HandlerError) -> (bool, String) {
+    match e {
+        HandlerError::Transient(t) | HandlerError::Unavailable(t) | HandlerError::Fatal(t) => {
+            (false, t)
+        }
+        HandlerError::Reject(list) => {
+            let why: Vec<String> = list.into_iter().map(|(_, w)| w).collect();
+            (true, why.join("; "))
+        }
+        HandlerError::Permanent(t) => (true, t),
     }
 }
 
