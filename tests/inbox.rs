@@ -96,7 +96,7 @@ async fn a_slow_handler_does_not_hold_kafka() {
     .await;
     let took = sent.elapsed();
     assert!(
-        took < Duration::from_millis(1500),
+        took < Duration::from_secs(1),
         "offsets moved on after {took:?}"
     );
     assert_eq!(

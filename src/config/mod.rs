@@ -511,6 +511,19 @@ impl Config {
         if self.consumers.is_empty() {
             problems.push("at least one [[consumer]] is required".into());
         }
+        // Each processor holds a connection for its whole round; the receivers, maintenance and
+        // the gauges need theirs too, or they wait for a processor to finish.
+        let processors: usize = (self.consumers.iter())
+            .filter(|c| c.strategy == Strategy::Inbox)
+            .map(|c| c.inbox.processors)
+            .sum();
+        if processors > 0 && self.database.pool_size < processors + 2 {
+            problems.push(format!(
+                "database.pool_size ({}) must be at least the inbox processors of all consumers \
+                 ({processors}) plus 2: each processor holds a connection while it works",
+                self.database.pool_size
+            ));
+        }
         let mut names = HashSet::new();
         for c in &self.consumers {
             if !names.insert(&c.name) {
@@ -870,6 +883,11 @@ mod tests {
             msg.contains("inbox.claim_batch must be at least 1"),
             "{msg}"
         );
+        let msg = invalid(&with(
+            "strategy = \"inbox\"\n[consumer.inbox]\nprocessors = 15",
+        ));
+        assert!(msg.contains("database.pool_size (16)"), "{msg}");
+        consumer(&with("strategy = \"inbox\"\n[consumer.inbox]\nprocessors = 14"));
     }
 
     #[test]
