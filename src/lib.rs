@@ -9,7 +9,7 @@
 //!
 //! Each module uses only the ones listed below it.
 //!
-//! - [`cli`]: the command line (`effectively run | migrate | check-config`).
+//! - [`cli`]: the command line (`effectively run | migrate | check-config | inbox | retention`).
 //! - [`worker`]: wires config, pool, handlers and one source per consumer; shutdown.
 //! - [`inbox`]: the inbox strategy's processors ([`inbox::processor`]: claim with `SKIP
 //!   LOCKED` or a lease, apply, retry, park) and its status and replay ([`inbox::admin`]).
