@@ -362,8 +362,12 @@ async fn inbox(action: InboxAction) -> anyhow::Result<()> {
             key,
         } => {
             let config = Config::load(&config)?;
-            if !config.consumers.iter().any(|c| c.name == consumer) {
-                anyhow::bail!("this config has no consumer named {consumer:?}");
+            match config.consumers.iter().find(|c| c.name == consumer) {
+                None => anyhow::bail!("this config has no consumer named {consumer:?}"),
+                Some(c) if c.strategy != Strategy::Inbox => {
+                    anyhow::bail!("consumer {consumer:?} does not have strategy = \"inbox\"")
+                }
+                Some(_) => {}
             }
             let since = match since {
                 Some(s) => {

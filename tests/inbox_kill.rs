@@ -159,6 +159,27 @@ lease = "3s"
         // claims never committed.
         assert_eq!(retried, 0, "a lock claim that died counts nothing");
     }
+    // The operator's view of the same inbox, through the command line.
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_effectively"))
+            .args(["inbox"])
+            .args(args)
+            .arg("--config")
+            .arg(&config_path)
+            .env("KAFKA_BROKERS", kafka_brokers())
+            .env("DATABASE_URL", database_url())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let status = cli(&["status"]);
+    let line = status.lines().find(|l| l.starts_with(&consumer)).unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    // consumer, pending, due, in_progress, failed, oldest pending age
+    assert_eq!(fields[1..], ["0", "0", "0", "0", "0s"], "{status}");
+    let replayed = cli(&["replay", "--consumer", &consumer, "--failed"]);
+    assert!(replayed.starts_with("0 row(s)"), "{replayed}");
     let term = Command::new("kill")
         .args(["-TERM", &survivor.id().to_string()])
         .status()

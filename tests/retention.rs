@@ -225,3 +225,43 @@ async fn dropping_a_partition_does_not_disturb_a_running_worker() {
     );
     worker.stop().await.unwrap();
 }
+
+/// An inbox row that is not DONE is work (PENDING, IN_PROGRESS) or a parked message (FAILED):
+/// retention keeps its day, dedupe partition and all, until the row is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_whose_inbox_still_has_open_rows_is_kept() {
+    let db = common::pg().await;
+    let known = Known::default();
+    let old = NaiveDate::from_ymd_opt(2002, 3, 4).unwrap();
+    known.ensure(&db, [old]).await.unwrap();
+    let consumer = common::unique("retention-inbox");
+    let id = uuid::Uuid::new_v4();
+    db.execute(
+        "INSERT INTO inbox (consumer, message_id, event_date, seq, ordering_key, status, topic,
+                            partition, \"offset\", payload)
+         VALUES ($1, $2, $3, nextval('inbox_seq'), 'k:x', 'FAILED', 't', 0, 0, '\\x7b7d')",
+        &[&consumer, &id, &old],
+    )
+    .await
+    .unwrap();
+    assert_eq!(retention::open_inbox_rows(&db, old).await.unwrap(), 1);
+    run_maintenance(&db, &known).await;
+    assert!(exists(&db, old).await, "kept while its inbox row is FAILED");
+    db.execute(
+        "UPDATE inbox SET status = 'DONE' WHERE consumer = $1",
+        &[&consumer],
+    )
+    .await
+    .unwrap();
+    run_maintenance(&db, &known).await;
+    assert!(!exists(&db, old).await, "dropped once the row is done");
+    let inbox_left: Option<String> = db
+        .query_one(
+            "SELECT to_regclass($1)::text",
+            &[&partitions::inbox_name_for(old)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(inbox_left, None, "the inbox partition went with it");
+}
