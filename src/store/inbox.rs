@@ -43,18 +43,13 @@ const TYPES: [Type; 10] = [
     Type::BYTEA,
 ];
 
+// The tail both receive statements share, given a CTE `fresh` of the staged rows to store.
 // `seq` is drawn in offset order (the OFFSET 0 fence keeps the ordered subquery from being
 // flattened, so nextval runs after the sort); rows are inserted in message_id order, so two
-// receivers inserting overlapping ids lock them in the same order. The NOT EXISTS honours keys
-// this consumer recorded in processed_messages (under the batch strategy, or `done = "delete"`),
-// so switching a consumer to the inbox does not apply old messages again.
-const RECEIVE_KEEP: &str = "\
-WITH fresh AS MATERIALIZED (
-    SELECT s.* FROM staged_inbox s
-    WHERE NOT EXISTS (SELECT 1 FROM processed_messages p
-                      WHERE p.consumer = $1 AND p.message_id = s.message_id
-                        AND p.event_date = s.event_date)
-), numbered AS MATERIALIZED (
+// receivers inserting overlapping ids lock them in the same order.
+macro_rules! store_fresh {
+    () => {
+        "numbered AS MATERIALIZED (
     SELECT f.*, nextval('inbox_seq') AS seq
     FROM (SELECT * FROM fresh ORDER BY \"offset\" OFFSET 0) f
 )
@@ -63,28 +58,36 @@ INSERT INTO inbox (consumer, message_id, event_date, seq, ordering_key, topic, p
 SELECT $1, message_id, event_date, seq, ordering_key, $2, partition, \"offset\", kafka_ts, key,
        header_names, header_values, payload
 FROM numbered ORDER BY message_id
-ON CONFLICT DO NOTHING";
+ON CONFLICT DO NOTHING"
+    };
+}
+
+// `done = "keep"`. The NOT EXISTS honours keys this consumer recorded in processed_messages
+// (under the batch strategy, or `done = "delete"`), so switching a consumer to the inbox does
+// not apply old messages again.
+const RECEIVE_KEEP: &str = concat!(
+    "WITH fresh AS MATERIALIZED (
+    SELECT s.* FROM staged_inbox s
+    WHERE NOT EXISTS (SELECT 1 FROM processed_messages p
+                      WHERE p.consumer = $1 AND p.message_id = s.message_id
+                        AND p.event_date = s.event_date)
+), ",
+    store_fresh!()
+);
 
 // `done = "delete"`: the inbox row goes once applied, so the key is recorded in the dedupe
 // ledger as it arrives, and only the keys new there are stored.
-const RECEIVE_DELETE: &str = "\
-WITH keys AS (
+const RECEIVE_DELETE: &str = concat!(
+    "WITH keys AS (
     INSERT INTO processed_messages (consumer, message_id, event_date)
     SELECT $1, message_id, event_date FROM staged_inbox ORDER BY message_id
     ON CONFLICT DO NOTHING
     RETURNING message_id, event_date
 ), fresh AS MATERIALIZED (
     SELECT s.* FROM staged_inbox s JOIN keys k USING (message_id, event_date)
-), numbered AS MATERIALIZED (
-    SELECT f.*, nextval('inbox_seq') AS seq
-    FROM (SELECT * FROM fresh ORDER BY \"offset\" OFFSET 0) f
-)
-INSERT INTO inbox (consumer, message_id, event_date, seq, ordering_key, topic, partition,
-                   \"offset\", kafka_ts, key, header_names, header_values, payload)
-SELECT $1, message_id, event_date, seq, ordering_key, $2, partition, \"offset\", kafka_ts, key,
-       header_names, header_values, payload
-FROM numbered ORDER BY message_id
-ON CONFLICT DO NOTHING";
+), ",
+    store_fresh!()
+);
 
 /// Stores `rows` (first copies, in offset order) in the caller's transaction; returns how many
 /// were new (the rest are duplicates). With `record_keys`, keys also go to processed_messages.
