@@ -887,7 +887,9 @@ mod tests {
             "strategy = \"inbox\"\n[consumer.inbox]\nprocessors = 15",
         ));
         assert!(msg.contains("database.pool_size (16)"), "{msg}");
-        consumer(&with("strategy = \"inbox\"\n[consumer.inbox]\nprocessors = 14"));
+        consumer(&with(
+            "strategy = \"inbox\"\n[consumer.inbox]\nprocessors = 14",
+        ));
     }
 
     #[test]

@@ -315,10 +315,7 @@ impl Processors {
                 continue;
             }
             match self.envelope(&c) {
-                Ok(env) => groups
-                    .entry(c.topic.clone())
-                    .or_default()
-                    .push((c, env)),
+                Ok(env) => groups.entry(c.topic.clone()).or_default().push((c, env)),
                 Err(why) => fail(&c, true, why),
             }
         }
