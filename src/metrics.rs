@@ -236,7 +236,7 @@ fn describe() {
     describe_counter!(
         INBOX_LEASE_LOST,
         Unit::Count,
-        "Leased inbox rows another processor reclaimed before this one finished (the lease is shorter than the handler)."
+        "Leased inbox rows a processor skipped because their lease ran out before it locked them and another processor reclaimed them (a stalled process, or a lease too short)."
     );
     describe_gauge!(
         POOL_CONNECTIONS,

@@ -196,6 +196,8 @@ struct Fixture {
     consumer: String,
     /// A second consumer that was fenced once and had a partition revoked.
     fenced_consumer: String,
+    /// A third, with the inbox strategy: five payments received and applied.
+    inbox_consumer: String,
     /// Every record produced to the consumer's topic.
     sent: u64,
     /// Unique payments: what must be credited.
@@ -330,19 +332,46 @@ async fn set_up() -> Fixture {
     })
     .await;
 
-    // The sampled gauges: the dead letters (every 15 s) and the lag (every 5 s) catch up.
-    eventually(40, "dead_letters_waiting and the lag sampled", || {
+    // A third consumer with the inbox strategy, so its processors' metrics are exported too
+    // (every worker of this process records into the one exporter).
+    let inbox_consumer = common::unique("metrics-inbox");
+    let inbox_topic = common::unique("metrics-inbox");
+    common::create_topic(&inbox_topic, 1).await;
+    let inbox = common::start(common::config(
+        &inbox_consumer,
+        &inbox_topic,
+        r#"{ kind = "cashback" }"#,
+        "strategy = \"inbox\"",
+    ))
+    .await;
+    let inbox_payments: Vec<Payment> = (0..5).map(|i| Payment::new(&user, 500 + i)).collect();
+    common::send_payments(&producer, &inbox_topic, Some(0), &inbox_payments).await;
+    eventually(40, "the inbox consumer's payments credited", || {
+        let db = &db;
+        let c = &inbox_consumer;
+        async move { ledger(db, c).await.credits == 5 }
+    })
+    .await;
+
+    // The sampled gauges: the dead letters and the inbox rows (every 15 s) and the lag (every
+    // 5 s) catch up.
+    eventually(40, "dead_letters_waiting, the inbox rows and the lag sampled", || {
         let consumer = consumer.clone();
+        let inbox_consumer = inbox_consumer.clone();
         async move {
             let s = parse(&scrape(addr));
             let lag = [("consumer", consumer.as_str())];
+            let inbox = [("consumer", inbox_consumer.as_str())];
             sum(&s, metrics::DEAD_LETTERS_WAITING, &lag) == poison as f64
                 && matching(&s, metrics::CONSUMER_LAG, &lag).count() == 2
                 && sum(&s, metrics::CONSUMER_LAG, &lag) == 0.0
+                && matching(&s, metrics::INBOX_ROWS, &inbox).count() == 3
+                && sum(&s, metrics::INBOX_ROWS, &inbox) == 0.0
         }
     })
     .await;
 
+    inbox.stop().await.unwrap();
     heir.stop().await.unwrap();
     zombie.stop().await.unwrap();
     worker.stop().await.unwrap();
@@ -350,6 +379,7 @@ async fn set_up() -> Fixture {
         addr,
         consumer,
         fenced_consumer,
+        inbox_consumer,
         sent,
         payments: payments.len() as u64,
         copies: copies.len() as u64,
@@ -362,6 +392,34 @@ async fn set_up() -> Fixture {
 // ---------------------------------------------------------------------------------------------
 // The tests.
 // ---------------------------------------------------------------------------------------------
+
+#[test]
+fn the_inbox_counters_agree_with_its_ledger() {
+    runtime().block_on(async {
+        let f = fixture().await;
+        let s = parse(&f.text);
+        let c = f.inbox_consumer.as_str();
+        let outcome = |o| {
+            sum(
+                &s,
+                metrics::INBOX_PROCESSED,
+                &[("consumer", c), ("outcome", o)],
+            )
+        };
+        assert_eq!(
+            (outcome("done"), outcome("retry"), outcome("failed")),
+            (5.0, 0.0, 0.0)
+        );
+        let me = [("consumer", c)];
+        assert_eq!(sum(&s, metrics::EFFECTS_APPLIED, &me), 5.0);
+        assert_eq!(sum(&s, metrics::INBOX_LEASE_LOST, &me), 0.0);
+        let rounds = format!("{}_count", metrics::INBOX_PROCESS_DURATION);
+        assert!(sum(&s, &rounds, &me) >= 1.0, "rounds observed");
+        assert_eq!(sum(&s, metrics::INBOX_OLDEST_PENDING_AGE, &me), 0.0);
+        // The receiver counts its records like any strategy; it applies nothing itself.
+        assert_eq!(sum(&s, metrics::RECORDS_RECEIVED, &me), 5.0);
+    })
+}
 
 #[test]
 fn the_counters_agree_with_the_traffic_and_the_ledger() {

@@ -25,9 +25,11 @@ pub struct InboxConfig {
     pub ordering_key: OrderingKey,
     /// How a processor holds the rows it works on.
     pub claim: ClaimMode,
-    /// With `claim = "lease"`: how long a claim is good for. It must be longer than the slowest
-    /// handler call: an expired lease is reclaimed by another processor, which runs the work
-    /// again (the first one's transaction then rolls back, so the effect still applies once).
+    /// With `claim = "lease"`: how long a claim is good for; a dead processor's rows wait this
+    /// long before another processor takes them. The applying transaction locks the rows still
+    /// leased to it before the handler runs, so a row is never applied twice however short the
+    /// lease; rows whose lease ran out before that lock (a stalled process) are left to the
+    /// processor that reclaimed them and counted as lost. Keep it well above the slowest round.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
     /// What happens to a row once its effect is committed.
@@ -87,9 +89,10 @@ pub enum ClaimMode {
     /// a processor that dies releases its rows with its connection, at once.
     #[default]
     Lock,
-    /// `IN_PROGRESS` with `lease_until`, committed before the handler runs: nothing is held
-    /// open while a slow handler works, and a dead processor's rows are reclaimed after the
-    /// lease expires.
+    /// `IN_PROGRESS` with `lease_until`, committed by the claim itself: operators see the
+    /// claimed rows (`effectively inbox status`), attempts count even for a processor that
+    /// dies, and a dead processor's rows are reclaimed after the lease expires. The applying
+    /// transaction still locks the rows it applies.
     Lease,
 }
 
@@ -125,7 +128,7 @@ impl InboxConfig {
         }
         if self.claim == ClaimMode::Lease && self.lease < Duration::from_secs(1) {
             p.push(format!(
-                "inbox.lease ({}) must be at least 1s, and longer than the slowest handler call",
+                "inbox.lease ({}) must be at least 1s, and well above the slowest processor round",
                 format_duration(self.lease)
             ));
         }

@@ -733,7 +733,7 @@ claim_batch = 100           # rows per processor transaction
 poll_interval = "100ms"     # an idle processor looks for due rows this often
 ordering_key = "kafka_key"  # or { json_pointer = "/user_id" }, or "none"
 claim = "lock"              # or "lease": IN_PROGRESS + lease_until, reclaimed after expiry
-lease = "5m"                # claim = "lease" only: longer than the slowest handler call!
+lease = "5m"                # claim = "lease" only: a dead processor's rows wait this long
 done = "keep"               # or "delete"; kept rows go when retention drops their partition
 "#;
 

@@ -253,7 +253,7 @@ impl Processors {
         if lost > 0 {
             tracing::warn!(consumer = %self.consumer, rows = lost, lease = ?self.config.inbox.lease,
                 "inbox lease expired before this processor applied its rows; another processor \
-                 reclaimed them (raise inbox.lease above the slowest handler call)");
+                 reclaimed them (raise inbox.lease above the stalls this process sees)");
             crate::metrics::inbox_lease_lost(&self.consumer, lost);
         }
         let mut round = self.apply(tx, ours, false).await?;
