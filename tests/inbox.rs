@@ -566,3 +566,74 @@ async fn done_rows_deleted_still_dedupe_redeliveries() {
     assert_eq!(ledger(&db, &consumer).await.dedupe_keys, 30);
     worker.stop().await.unwrap();
 }
+
+/// A few keys holding most of the backlog (3,000 rows of key A, its head in a long backoff) in
+/// front of other keys: the claim still finds the other keys' heads, past the rows it reads by
+/// arrival order, and a second processor finds nothing while the first holds them.
+#[tokio::test]
+async fn a_hot_key_in_front_does_not_hide_the_other_keys() {
+    let consumer = unique("inbox-hot");
+    let db = pg().await;
+    let today = chrono::Utc::now().date_naive();
+    effectively::store::partitions::Known::default()
+        .ensure(&db, [today])
+        .await
+        .unwrap();
+    db.execute(
+        "INSERT INTO inbox (consumer, message_id, event_date, seq, ordering_key, topic, partition,
+                            \"offset\", payload, next_attempt_at)
+         SELECT $1, gen_random_uuid(), $2, nextval('inbox_seq'),
+                CASE WHEN g <= 3000 THEN 'k:A' ELSE 'k:B' || g END, 't', 0, g, '\\x7b7d',
+                CASE WHEN g = 1 THEN now() + interval '1 hour' ELSE now() END
+         FROM generate_series(1, 3010) g",
+        &[&consumer, &today],
+    )
+    .await
+    .unwrap();
+    let pool = effectively::store::pool::build(
+        &database_url(),
+        &effectively::store::pool::PoolOptions {
+            size: 2,
+            connect_timeout: Duration::from_secs(5),
+            idle_in_transaction_timeout: Duration::from_secs(60),
+        },
+    )
+    .unwrap();
+    let mut first = pool.get().await.unwrap();
+    let mut second = pool.get().await.unwrap();
+    let tx = first.transaction().await.unwrap();
+    let got = inbox::claim_locked(&tx, &consumer, 100).await.unwrap();
+    let keys: Vec<&str> = got.iter().map(|c| c.ordering_key.as_str()).collect();
+    let expected: Vec<String> = (3001..=3010).map(|g| format!("k:B{g}")).collect();
+    assert_eq!(
+        keys, expected,
+        "A's head waits; every other key's head is claimed"
+    );
+    let tx2 = second.transaction().await.unwrap();
+    assert!(inbox::claim_locked(&tx2, &consumer, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    tx2.rollback().await.unwrap();
+    tx.rollback().await.unwrap();
+    // Leases: the same heads, and A's head once its backoff is over.
+    db.execute(
+        "UPDATE inbox SET next_attempt_at = now() WHERE consumer = $1",
+        &[&consumer],
+    )
+    .await
+    .unwrap();
+    let leased = inbox::claim_leased(&first, &consumer, 100, 60_000, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 11);
+    assert_eq!(leased[0].ordering_key, "k:A");
+    assert_eq!(leased[0].offset, 1, "A's oldest row, not a later one");
+    let again = inbox::claim_leased(&second, &consumer, 100, 60_000, uuid::Uuid::new_v4())
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "every head is leased");
+    db.execute("DELETE FROM inbox WHERE consumer = $1", &[&consumer])
+        .await
+        .unwrap();
+}
