@@ -355,20 +355,24 @@ async fn set_up() -> Fixture {
 
     // The sampled gauges: the dead letters and the inbox rows (every 15 s) and the lag (every
     // 5 s) catch up.
-    eventually(40, "dead_letters_waiting, the inbox rows and the lag sampled", || {
-        let consumer = consumer.clone();
-        let inbox_consumer = inbox_consumer.clone();
-        async move {
-            let s = parse(&scrape(addr));
-            let lag = [("consumer", consumer.as_str())];
-            let inbox = [("consumer", inbox_consumer.as_str())];
-            sum(&s, metrics::DEAD_LETTERS_WAITING, &lag) == poison as f64
-                && matching(&s, metrics::CONSUMER_LAG, &lag).count() == 2
-                && sum(&s, metrics::CONSUMER_LAG, &lag) == 0.0
-                && matching(&s, metrics::INBOX_ROWS, &inbox).count() == 3
-                && sum(&s, metrics::INBOX_ROWS, &inbox) == 0.0
-        }
-    })
+    eventually(
+        40,
+        "dead_letters_waiting, the inbox rows and the lag sampled",
+        || {
+            let consumer = consumer.clone();
+            let inbox_consumer = inbox_consumer.clone();
+            async move {
+                let s = parse(&scrape(addr));
+                let lag = [("consumer", consumer.as_str())];
+                let inbox = [("consumer", inbox_consumer.as_str())];
+                sum(&s, metrics::DEAD_LETTERS_WAITING, &lag) == poison as f64
+                    && matching(&s, metrics::CONSUMER_LAG, &lag).count() == 2
+                    && sum(&s, metrics::CONSUMER_LAG, &lag) == 0.0
+                    && matching(&s, metrics::INBOX_ROWS, &inbox).count() == 3
+                    && sum(&s, metrics::INBOX_ROWS, &inbox) == 0.0
+            }
+        },
+    )
     .await;
 
     inbox.stop().await.unwrap();
