@@ -172,8 +172,14 @@ impl Worker {
             tasks.spawn(async move { source.run(stop).await.map_err(TaskError::Source) });
         }
         for (p, n) in &inbox_processors {
+            // A receive-only process (`processors = 0`) has no task to watch: a watcher that
+            // ended at once would read as the worker's end (`Worker::failed`).
+            if *n == 0 {
+                continue;
+            }
             let mut set = JoinSet::new();
             processor::spawn(p, *n, &shutdown, &mut set);
+            let consumer = p.consumer.to_string();
             tasks.spawn(async move {
                 while let Some(r) = set.join_next().await {
                     match r {
@@ -181,7 +187,7 @@ impl Worker {
                         Ok(Err(e)) => return Err(TaskError::Processor(e)),
                         Err(join) => {
                             return Err(TaskError::Processor(ProcessorError::Fatal {
-                                consumer: String::new(),
+                                consumer,
                                 reason: format!("a processor task panicked: {join}"),
                             }))
                         }

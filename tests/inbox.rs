@@ -445,7 +445,14 @@ async fn many_processors_apply_once(claim: &str) {
     // A receiver-only worker stores a first slice; a "processor" claims part of it and dies
     // holding the claim (its connection closes without a commit); then two workers with two
     // processors each start.
-    let w0 = start(receiver).await;
+    let mut w0 = start(receiver).await;
+    // A receive-only worker runs until it is stopped, like any other.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), w0.failed())
+            .await
+            .is_err(),
+        "the receive-only worker ended on its own"
+    );
     send_payments(&p, &topic, None, &payments[..200]).await;
     eventually(10, "200 rows stored", || async {
         let (pending, prog, done, _) = statuses(&db, &consumer).await;
