@@ -4,15 +4,20 @@
 //!    (`effectively bench-ceiling`), with one and with two connections;
 //! 2. the batch strategy draining a pre-filled topic (6 partitions, 10% resends), one worker;
 //! 3. the per-message strategy draining the same kind of data;
-//! 4. end-to-end latency at offered 500 and 2,000 msg/s;
-//! 5. the draining worker's peak RSS and CPU time per message, from `/proc`.
+//! 4. the inbox strategy: a receiver-only worker draining a pre-filled topic of the batch
+//!    drain's kind and size into the `inbox` table, then processors (4, then 1 on fresh data)
+//!    applying what it stored;
+//! 5. end-to-end latency at offered 500 and 2,000 msg/s;
+//! 6. the draining worker's peak RSS and CPU time per message, from `/proc`; WAL bytes and row
+//!    writes per message of the drains and of the inbox, from PostgreSQL.
 //!
-//! Every drain and latency run is verified exactly-once by the same checker as the demo.
+//! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
@@ -48,8 +53,18 @@ struct Sizes {
     ceiling: u64,
     batch: u64,
     per_message: u64,
+    /// Payments of the inbox run with 4 processors (its receiver-only ingest is the one
+    /// compared with the batch drain): the batch drain's, up to [`INBOX_MAX`].
+    inbox: u64,
+    /// Payments of the inbox run with 1 processor: a tenth of that.
+    inbox_1: u64,
     latency: Duration,
 }
+
+/// The inbox runs' size limit: the processors apply a few thousand rows a second (2026-12-04,
+/// quick scale: 3,542 with 4 processors, 1,297 with 1), so a million rows would add about
+/// five minutes to `make bench`.
+const INBOX_MAX: u64 = 300_000;
 
 impl Sizes {
     fn from_scale(scale: &str) -> anyhow::Result<Sizes> {
@@ -60,11 +75,14 @@ impl Sizes {
                 .parse::<f64>()
                 .context("BENCH_SCALE must be full, quick or a number")?,
         };
+        let batch = ((1_000_000.0 * f) as u64).max(1_000);
         Ok(Sizes {
             retention_keys: ((5_000_000.0 * f) as u64).max(10_000),
             ceiling: ((200_000.0 * f) as u64).max(2_000),
-            batch: ((1_000_000.0 * f) as u64).max(1_000),
+            batch,
             per_message: ((20_000.0 * f) as u64).max(5_000),
+            inbox: batch.min(INBOX_MAX),
+            inbox_1: (batch.min(INBOX_MAX) / 10).max(1_000),
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
         })
     }
@@ -96,6 +114,11 @@ struct Drain {
     verified: bool,
     rss_mb_peak: f64,
     cpu_us_per_msg: f64,
+    /// WAL bytes (the whole cluster's) per record, from the worker's start to its exit.
+    wal_bytes_per_msg: f64,
+    /// Rows inserted, updated and deleted in the `public` tables per record, same span.
+    row_writes_per_msg: f64,
+    db: DbCost,
 }
 
 impl Drain {
@@ -113,8 +136,50 @@ impl Drain {
             verified: a.verified && b.verified,
             rss_mb_peak: a.rss_mb_peak.max(b.rss_mb_peak),
             cpu_us_per_msg: (cpu_us / records.max(1) as f64 * 10.0).round() / 10.0,
+            wal_bytes_per_msg: a.db.plus(&b.db).wal_bytes_per(records),
+            row_writes_per_msg: a.db.plus(&b.db).row_writes_per(records),
+            db: a.db.plus(&b.db),
         }
     }
+}
+
+/// What PostgreSQL did during a phase, from [`DbMark`]s taken around it.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+struct DbCost {
+    /// `pg_wal_lsn_diff` of `pg_current_wal_lsn()`: every database of the cluster, and
+    /// autovacuum's and the checkpointer's writes too.
+    wal_bytes: i64,
+    /// Full-page images among them (`pg_stat_wal.wal_fpi`): a page's first change after a
+    /// checkpoint is logged whole.
+    wal_fpi: i64,
+    /// Checkpoints counted in the phase (`pg_stat_bgwriter`, which counts one as it ends).
+    checkpoints: i64,
+    /// `n_tup_ins + n_tup_upd + n_tup_del` over the `public` tables (each partition counted;
+    /// the sessions' temporary staging tables, which write no WAL, are not).
+    row_writes: i64,
+}
+
+impl DbCost {
+    fn plus(&self, o: &DbCost) -> DbCost {
+        DbCost {
+            wal_bytes: self.wal_bytes + o.wal_bytes,
+            wal_fpi: self.wal_fpi + o.wal_fpi,
+            checkpoints: self.checkpoints + o.checkpoints,
+            row_writes: self.row_writes + o.row_writes,
+        }
+    }
+
+    fn wal_bytes_per(&self, records: u64) -> f64 {
+        round1(self.wal_bytes as f64 / records.max(1) as f64)
+    }
+
+    fn row_writes_per(&self, records: u64) -> f64 {
+        (self.row_writes as f64 / records.max(1) as f64 * 100.0).round() / 100.0
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -128,6 +193,21 @@ struct BenchReport {
     per_message_msg_s: f64,
     batch_vs_per_message: f64,
     batch_vs_ceiling: f64,
+    /// The inbox receiver (no processors) draining the batch drain's kind and size of topic:
+    /// records/s from its first to its last commit.
+    inbox_ingest_msg_s: f64,
+    inbox_ingest_vs_batch: f64,
+    /// Processors applying the stored rows (4, and 1 on fresh data): rows/s from the first
+    /// to the last row marked DONE.
+    inbox_process_msg_s: f64,
+    inbox_process_1_msg_s: f64,
+    /// WAL bytes per record: the inbox's ingest and processing together (4-processor run),
+    /// against the batch drain.
+    inbox_wal_bytes_per_msg: f64,
+    batch_wal_bytes_per_msg: f64,
+    /// Row inserts, updates and deletes per record, the same way.
+    inbox_row_writes_per_msg: f64,
+    batch_row_writes_per_msg: f64,
     latency_ms: LatencyAt,
     rss_mb_peak: f64,
     cpu_us_per_msg: f64,
@@ -142,6 +222,59 @@ struct BenchReport {
     /// The batch drain's throughput in the second(s) a daily partition was being dropped,
     /// against the drain's median second.
     drop_during_drain: DropDuringDrain,
+    /// Each inbox run in detail.
+    inbox: InboxRuns,
+    /// Why the inbox phase could not measure, if it could not (then its numbers are 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inbox_error: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct InboxRuns {
+    /// How the runs were sized against the batch drain.
+    sizes: String,
+    processors_4: InboxRun,
+    processors_1: InboxRun,
+}
+
+/// One inbox run: a fresh topic and consumer, a receiver-only worker draining it, then a worker
+/// with `processors` processors applying the rows.
+#[derive(Debug, Default, Serialize)]
+struct InboxRun {
+    processors: usize,
+    events: u64,
+    records: u64,
+    /// Rows the receiver stored: one per unique message.
+    rows: u64,
+    ingest: InboxPhase,
+    process: InboxPhase,
+    /// Rows left FAILED (none expected).
+    failed: u64,
+    /// `cashback_credits` rows of the consumer, against the unique payments sent.
+    credits: u64,
+    unique_payments: u64,
+    /// Ingest and processing together.
+    wal_bytes_per_msg: f64,
+    row_writes_per_msg: f64,
+    verified: bool,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct InboxPhase {
+    /// Records (ingest) or rows (process) per second, first to last commit: `received_at`
+    /// (ingest) or `done_at` (process) of the consumer's rows, each its transaction's start.
+    msg_s: f64,
+    seconds: f64,
+    /// From the worker's start until the topic was drained (ingest) or no row was open
+    /// (process), as loadgen saw it: includes the worker's start-up and the poll interval.
+    seconds_wall: f64,
+    rss_mb_peak: f64,
+    /// Over records (ingest) or rows (process).
+    cpu_us_per_msg: f64,
+    /// Per Kafka record, as for the drains.
+    wal_bytes_per_msg: f64,
+    row_writes_per_msg: f64,
+    db: DbCost,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -168,7 +301,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     };
 
     eprintln!(
-        "== 1/4 SQL ceiling ({} messages, 1, 2 and 6 connections)",
+        "== 1/5 SQL ceiling ({} messages, 1, 2 and 6 connections)",
         sizes.ceiling
     );
     report.ceiling_1_connection_msg_s = ceiling(&bin, &args, 1, sizes.ceiling).await?;
@@ -185,9 +318,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     // on a shared machine either can drift within minutes: the per-message drain runs in two
     // halves, one on each side of the batch drain, so that both see the same stretch of time.
     let first_half = sizes.per_message / 2;
-    eprintln!("== 2/4 per-message strategy draining {first_half} events (first half)");
+    eprintln!("== 2/5 per-message strategy draining {first_half} events (first half)");
     let before = drain(&bin, &args, "per-message", first_half, 0).await?.0;
-    eprintln!("== 3/4 batch strategy draining {} events", sizes.batch);
+    eprintln!("== 3/5 batch strategy draining {} events", sizes.batch);
     let (batch, during) = drain(&bin, &args, "batch", sizes.batch, sizes.retention_keys).await?;
     report.batch = batch;
     report.drop_during_drain = during.unwrap_or_default();
@@ -202,9 +335,38 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     report.batch_vs_ceiling = ratio(report.batch_msg_s, report.ceiling_msg_s);
     report.rss_mb_peak = report.batch.rss_mb_peak;
     report.cpu_us_per_msg = report.batch.cpu_us_per_msg;
+    report.batch_wal_bytes_per_msg = report.batch.wal_bytes_per_msg;
+    report.batch_row_writes_per_msg = report.batch.row_writes_per_msg;
 
     eprintln!(
-        "== 4/4 latency at 500 and 2,000 msg/s, {:?} each",
+        "== 4/5 inbox strategy: receiver only, then 4 processors, on {} events",
+        sizes.inbox
+    );
+    // A failed inbox phase fails the run, but the other phases still measure.
+    let runs = async {
+        let four = inbox(&bin, &args, 4, sizes.inbox).await?;
+        eprintln!(
+            "   inbox strategy: receiver only, then 1 processor, on {} fresh events",
+            sizes.inbox_1
+        );
+        let one = inbox(&bin, &args, 1, sizes.inbox_1).await?;
+        anyhow::Ok((four, one))
+    };
+    let inbox_ok = match runs.await {
+        Ok((four, one)) => {
+            let ok = four.verified && one.verified;
+            report_inbox(&mut report, four, one);
+            ok
+        }
+        Err(e) => {
+            eprintln!("   the inbox phase failed: {e:#}");
+            report.inbox_error = Some(format!("{e:#}"));
+            false
+        }
+    };
+
+    eprintln!(
+        "== 5/5 latency at 500 and 2,000 msg/s, {:?} each",
         sizes.latency
     );
     let (l500, l2000, lat_ok) = latency(&bin, &args, sizes.latency).await?;
@@ -212,7 +374,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         at_500: l500,
         at_2000: l2000,
     };
-    report.verified = report.batch.verified && report.per_message.verified && lat_ok;
+    report.verified = report.batch.verified && report.per_message.verified && inbox_ok && lat_ok;
 
     eprintln!(
         "== retention: drop a daily partition of {} keys vs batched DELETE",
@@ -225,6 +387,45 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     println!("{}", serde_json::to_string_pretty(&report)?);
     eprintln!("report: {}", path.display());
     Ok(report.verified)
+}
+
+/// The inbox runs' numbers into the report, and a line of them.
+fn report_inbox(report: &mut BenchReport, four: InboxRun, one: InboxRun) {
+    report.inbox_ingest_msg_s = four.ingest.msg_s;
+    report.inbox_ingest_vs_batch = ratio(four.ingest.msg_s, report.batch_msg_s);
+    report.inbox_process_msg_s = four.process.msg_s;
+    report.inbox_process_1_msg_s = one.process.msg_s;
+    report.inbox_wal_bytes_per_msg = four.wal_bytes_per_msg;
+    report.inbox_row_writes_per_msg = four.row_writes_per_msg;
+    eprintln!(
+        "   inbox ingest {:.0} msg/s ({:.2} of batch); processing {:.0} msg/s with 4 processors, \
+         {:.0} with 1; WAL per message: inbox {:.0} B, batch {:.0} B; row writes per message: \
+         inbox {:.2}, batch {:.2}",
+        report.inbox_ingest_msg_s,
+        report.inbox_ingest_vs_batch,
+        report.inbox_process_msg_s,
+        report.inbox_process_1_msg_s,
+        report.inbox_wal_bytes_per_msg,
+        report.batch_wal_bytes_per_msg,
+        report.inbox_row_writes_per_msg,
+        report.batch_row_writes_per_msg
+    );
+    report.inbox = InboxRuns {
+        sizes: format!(
+            "{} payments with 4 processors ({} the batch drain's {}: at most {INBOX_MAX}, or \
+             the processing takes minutes), {} fresh ones with 1 processor",
+            four.events,
+            if four.events == report.batch.events {
+                "as many as"
+            } else {
+                "fewer than"
+            },
+            report.batch.events,
+            one.events
+        ),
+        processors_4: four,
+        processors_1: one,
+    };
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -268,15 +469,28 @@ impl Worker {
         name: &str,
         strategy: &str,
     ) -> anyhow::Result<Worker> {
-        let config = args.out.join(format!("{name}.toml"));
+        Worker::start_with(bin, args, name, strategy, "", name).await
+    }
+
+    /// With `extra` appended to the consumer's section, and the config and log files named
+    /// after `file`.
+    async fn start_with(
+        bin: &Path,
+        args: &BenchArgs,
+        name: &str,
+        strategy: &str,
+        extra: &str,
+        file: &str,
+    ) -> anyhow::Result<Worker> {
+        let config = args.out.join(format!("{file}.toml"));
         std::fs::write(
             &config,
             format!(
                 "[worker]\nid = \"bench\"\n[[consumer]]\nname = \"{name}\"\ntopics = [\"{name}\"]\n\
-                 strategy = \"{strategy}\"\nhandler = {{ kind = \"cashback\" }}\n"
+                 strategy = \"{strategy}\"\nhandler = {{ kind = \"cashback\" }}\n{extra}"
             ),
         )?;
-        let log = std::fs::File::create(args.out.join(format!("{name}.log")))?;
+        let log = std::fs::File::create(args.out.join(format!("{file}.log")))?;
         let child = tokio::process::Command::new(bin)
             .args(["run", "--config"])
             .arg(&config)
@@ -308,6 +522,19 @@ impl Worker {
         let f: Vec<&str> = after.split_whitespace().collect();
         let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         (hwm_kb / 1024.0, (ticks(11) + ticks(12)) / 100.0)
+    }
+
+    /// Why the process is gone, if it exited (it should not before it is stopped).
+    fn exited(&mut self, log: &str) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(None) => None,
+            Ok(Some(status)) if status.success() => Some(format!(
+                "the worker exited on its own, with status 0, before it was stopped (see {log}); \
+                 `effectively run` stops when any of its tasks ends"
+            )),
+            Ok(Some(status)) => Some(format!("the worker exited: {status} (see {log})")),
+            Err(e) => Some(format!("the worker's status is unknown: {e}")),
+        }
     }
 
     async fn stop(mut self) -> anyhow::Result<()> {
@@ -389,6 +616,8 @@ async fn drain(
         .await?;
     }
     eprintln!("   topic pre-filled: {records} records; starting the worker");
+    let db = Db::connect(args).await?;
+    let mark = db.mark().await?;
     let worker = Worker::start(bin, args, &name, strategy).await?;
     let dropper = (drop_keys > 0).then(|| {
         let (bin, url, started_at) = (
@@ -438,6 +667,7 @@ async fn drain(
     };
     let (rss_mb, cpu_s) = worker.usage();
     worker.stop().await?;
+    let cost = db.cost_since(&mark).await?;
     // From the first to the last commit.
     let span = if report.commit_span_s > 0.0 {
         report.commit_span_s
@@ -453,10 +683,13 @@ async fn drain(
         verified: report.verified,
         rss_mb_peak: (rss_mb * 10.0).round() / 10.0,
         cpu_us_per_msg: (cpu_s * 1e6 / records.max(1) as f64 * 10.0).round() / 10.0,
+        wal_bytes_per_msg: cost.wal_bytes_per(records),
+        row_writes_per_msg: cost.row_writes_per(records),
+        db: cost,
     };
     eprintln!(
-        "   {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg",
-        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg
+        "   {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg, {:.0} WAL bytes/msg, {:.2} row writes/msg",
+        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg, d.wal_bytes_per_msg, d.row_writes_per_msg
     );
     if let Some(x) = &during {
         eprintln!(
@@ -465,6 +698,310 @@ async fn drain(
         );
     }
     Ok((d, during))
+}
+
+/// One inbox run on a fresh topic and consumer (fresh payments: the cashback effect dedupes
+/// by payment, so rows put back to PENDING would do no work). A receiver-only worker
+/// (`processors = 0`) drains the pre-filled topic into the inbox, measured like the drains;
+/// then a worker of the same consumer with `processors` processors applies the rows, until
+/// none is open. The ledger is then verified exactly-once.
+async fn inbox(
+    bin: &Path,
+    args: &BenchArgs,
+    processors: usize,
+    events: u64,
+) -> anyhow::Result<InboxRun> {
+    let name = format!(
+        "bench-inbox-{processors}p-{:06x}",
+        fastrand::u32(..0xffffff)
+    );
+    let plan = vec![Step {
+        rate: None,
+        duration: Duration::from_secs(3600),
+    }];
+    let spec = spec(args, &name, plan, Some(events), resends_only());
+    let session = Session::open(&spec).await?;
+    let produced = produce_stage(&session, &spec).await?;
+    let records = produced.acked();
+    let unique = crate::verify::Expected::from_log(&produced.log, spec.rate_bp)
+        .payments
+        .len() as u64;
+    eprintln!(
+        "   topic pre-filled: {records} records ({unique} unique payments); starting the receiver (processors = 0)"
+    );
+    let db = Db::connect(args).await?;
+
+    // The receiver alone: stores every message and moves the offset.
+    let mark = db.mark().await?;
+    let started = Instant::now();
+    let mut receiver = Worker::start_with(
+        bin,
+        args,
+        &name,
+        "inbox",
+        "[consumer.inbox]\nprocessors = 0\n",
+        &format!("{name}-receiver"),
+    )
+    .await?;
+    loop {
+        if let Ok(0) = session.watcher.lag(&session.db, &name).await {
+            break;
+        }
+        if let Some(why) = receiver.exited(&format!("{name}-receiver.log")) {
+            anyhow::bail!(
+                "the receiver-only worker (processors = 0) did not drain the topic: {why}"
+            );
+        }
+        anyhow::ensure!(
+            started.elapsed() < spec.drain_timeout,
+            "the inbox receiver did not drain the topic within {:?}",
+            spec.drain_timeout
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ingest_wall = started.elapsed().as_secs_f64();
+    let (rss_mb, cpu_s) = receiver.usage();
+    receiver.stop().await?;
+    let cost = db.cost_since(&mark).await?;
+    let r = db
+        .client
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'PENDING'),
+                    coalesce(extract(epoch FROM max(received_at) - min(received_at)), 0)::float8
+             FROM inbox WHERE consumer = $1",
+            &[&name],
+        )
+        .await?;
+    let (rows, pending, span) = (
+        r.get::<_, i64>(0) as u64,
+        r.get::<_, i64>(1) as u64,
+        r.get(2),
+    );
+    let ingest = phase(records, span, ingest_wall, rss_mb, cpu_s, records, cost);
+    eprintln!(
+        "   ingest: {:.0} msg/s ({records} records into {rows} rows, {pending} PENDING, in {:.1} s, first to last commit), peak RSS {:.0} MB, {:.1} µs CPU/msg, {:.0} WAL bytes/msg, {:.2} row writes/msg",
+        ingest.msg_s, ingest.seconds, ingest.rss_mb_peak, ingest.cpu_us_per_msg, ingest.wal_bytes_per_msg, ingest.row_writes_per_msg
+    );
+
+    // The processors, on the same consumer (its receiver finds the topic drained).
+    let mark = db.mark().await?;
+    let started = Instant::now();
+    let mut worker = Worker::start_with(
+        bin,
+        args,
+        &name,
+        "inbox",
+        &format!("[consumer.inbox]\nprocessors = {processors}\n"),
+        &format!("{name}-processors"),
+    )
+    .await?;
+    loop {
+        let open: bool = db
+            .client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM inbox
+                                WHERE consumer = $1 AND status IN ('PENDING', 'IN_PROGRESS'))",
+                &[&name],
+            )
+            .await?
+            .get(0);
+        if !open {
+            break;
+        }
+        if let Some(why) = worker.exited(&format!("{name}-processors.log")) {
+            anyhow::bail!("the inbox processors did not empty the inbox: {why}");
+        }
+        anyhow::ensure!(
+            started.elapsed() < spec.drain_timeout,
+            "the inbox processors did not empty the inbox within {:?}",
+            spec.drain_timeout
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let process_wall = started.elapsed().as_secs_f64();
+    let (rss_mb, cpu_s) = worker.usage();
+    worker.stop().await?;
+    let process_cost = db.cost_since(&mark).await?;
+    let r = db
+        .client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE status = 'DONE'), count(*) FILTER (WHERE status = 'FAILED'),
+                    coalesce(extract(epoch FROM max(done_at) - min(done_at)), 0)::float8
+             FROM inbox WHERE consumer = $1",
+            &[&name],
+        )
+        .await?;
+    let (done, failed, span) = (
+        r.get::<_, i64>(0) as u64,
+        r.get::<_, i64>(1) as u64,
+        r.get(2),
+    );
+    let credits: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM cashback_credits WHERE consumer = $1",
+            &[&name],
+        )
+        .await?
+        .get(0);
+    let credits = credits as u64;
+    let process = phase(
+        done,
+        span,
+        process_wall,
+        rss_mb,
+        cpu_s,
+        records,
+        process_cost,
+    );
+    let ledger = finish_stage(&session, &spec, &produced).await?;
+    let verified = ledger.verified
+        && rows == unique
+        && pending == rows
+        && done == rows
+        && failed == 0
+        && credits == unique;
+    let both = cost.plus(&process_cost);
+    eprintln!(
+        "   {processors} processor(s): {:.0} msg/s ({done} rows DONE, {failed} FAILED, in {:.1} s, first to last DONE; {:.1} s from the worker's start), {credits} credits for {unique} unique payments, verified: {verified}, peak RSS {:.0} MB, {:.1} µs CPU/row, {:.0} WAL bytes/msg, {:.2} row writes/msg",
+        process.msg_s, process.seconds, process.seconds_wall, process.rss_mb_peak, process.cpu_us_per_msg, process.wal_bytes_per_msg, process.row_writes_per_msg
+    );
+    Ok(InboxRun {
+        processors,
+        events,
+        records,
+        rows,
+        ingest,
+        process,
+        failed,
+        credits,
+        unique_payments: unique,
+        wal_bytes_per_msg: both.wal_bytes_per(records),
+        row_writes_per_msg: both.row_writes_per(records),
+        verified,
+    })
+}
+
+/// An inbox phase's numbers: `count` records or rows in `span` seconds (first to last
+/// commit); WAL and row writes per one of the run's `records`.
+fn phase(
+    count: u64,
+    span: f64,
+    wall: f64,
+    rss_mb: f64,
+    cpu_s: f64,
+    records: u64,
+    db: DbCost,
+) -> InboxPhase {
+    let span_or_inf = if span > 0.0 { span } else { f64::INFINITY };
+    InboxPhase {
+        msg_s: (count as f64 / span_or_inf).round(),
+        seconds: (span * 1000.0).round() / 1000.0,
+        seconds_wall: (wall * 10.0).round() / 10.0,
+        rss_mb_peak: round1(rss_mb),
+        cpu_us_per_msg: round1(cpu_s * 1e6 / count.max(1) as f64),
+        wal_bytes_per_msg: db.wal_bytes_per(records),
+        row_writes_per_msg: db.row_writes_per(records),
+        db,
+    }
+}
+
+/// A connection that reads PostgreSQL's counters around a phase.
+struct Db {
+    client: tokio_postgres::Client,
+}
+
+/// The cluster's WAL position and write counters at one moment.
+struct DbMark {
+    lsn: String,
+    wal_fpi: i64,
+    checkpoints: i64,
+    /// Per table (oid): rows inserted, updated and deleted so far.
+    row_writes: HashMap<u32, i64>,
+}
+
+impl Db {
+    async fn connect(args: &BenchArgs) -> anyhow::Result<Db> {
+        let (client, conn) = tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls)
+            .await
+            .context("connecting to PostgreSQL")?;
+        tokio::spawn(conn);
+        Ok(Db { client })
+    }
+
+    /// Waits (up to 10 s) until no engine session is connected: a session reports its row
+    /// counts and WAL statistics when it exits, and they must fall in the phase they belong to.
+    async fn settle(&self) -> anyhow::Result<()> {
+        for _ in 0..100 {
+            let n: i64 = self
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE application_name = 'effectively' AND datname = current_database()",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if n == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Once the engine's sessions are gone: the counters now.
+    async fn mark(&self) -> anyhow::Result<DbMark> {
+        self.settle().await?;
+        let r = self
+            .client
+            .query_one(
+                "SELECT pg_current_wal_lsn()::text, (SELECT wal_fpi FROM pg_stat_wal),
+                        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)",
+                &[],
+            )
+            .await?;
+        let row_writes = self
+            .client
+            .query(
+                "SELECT relid, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables
+                 WHERE schemaname = 'public'",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get::<_, u32>(0), r.get::<_, i64>(1)))
+            .collect();
+        Ok(DbMark {
+            lsn: r.get(0),
+            wal_fpi: r.get(1),
+            checkpoints: r.get(2),
+            row_writes,
+        })
+    }
+
+    /// What was written since `since` (tables dropped since are left out; tables created
+    /// since count from zero).
+    async fn cost_since(&self, since: &DbMark) -> anyhow::Result<DbCost> {
+        let now = self.mark().await?;
+        let wal_bytes: i64 = self
+            .client
+            .query_one(
+                "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::bigint",
+                &[&now.lsn, &since.lsn],
+            )
+            .await?
+            .get(0);
+        let row_writes = (now.row_writes.iter())
+            .map(|(rel, n)| n - since.row_writes.get(rel).copied().unwrap_or(0))
+            .sum();
+        Ok(DbCost {
+            wal_bytes,
+            wal_fpi: now.wal_fpi - since.wal_fpi,
+            checkpoints: now.checkpoints - since.checkpoints,
+            row_writes,
+        })
+    }
 }
 
 /// Effects committed per second (the report's throughput, which counts effects; the ratio is
@@ -613,6 +1150,7 @@ mod tests {
             verified: true,
             rss_mb_peak,
             cpu_us_per_msg,
+            ..Drain::default()
         }
     }
 
