@@ -3,8 +3,11 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 STACK := scripts/stack.sh
-# Every command that talks to the stack reads its addresses from .stack/env.
-WITH_ENV := source .stack/env &&
+# The stack's folder: .stack/ unless STACK_DIR names another (for example a second stack that
+# `make chaos` may crash without disturbing anyone). scripts/stack.sh and demo.sh read it too.
+export STACK_DIR ?= $(CURDIR)/.stack
+# Every command that talks to the stack reads its addresses from $(STACK_DIR)/env.
+WITH_ENV := source $(STACK_DIR)/env &&
 
 .PHONY: up down status build migrate lint test demo bench microbench chaos
 
@@ -36,11 +39,13 @@ monitoring-check:
 # Debug builds carry the chaos failpoints (inert unless FAILPOINTS is set); release never does.
 DEBUG_FEATURES := --features effectively/failpoints
 
-# Every test, the short chaos subset, then a short demo run (10 s at 500 msg/s) that must verify.
+# Every test, the short chaos subset (and its hard bounce under the inbox strategy), then a short
+# demo run (10 s at 500 msg/s) that must verify.
 test: up lint monitoring-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) cargo test --workspace $(DEBUG_FEATURES)
 	$(WITH_ENV) target/debug/loadgen chaos --quick
+	$(WITH_ENV) target/debug/loadgen chaos --quick --strategy inbox --scenario hard-bounce
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
 
 # Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
@@ -61,8 +66,13 @@ microbench:
 	cargo bench --bench hot_paths
 
 # Fault injection: every scenario of docs/RELIABILITY.md against real worker processes (built
-# with the failpoints feature), each verified exactly-once. Writes target/chaos/report.json.
-# It crashes the local PostgreSQL and Kafka on purpose: run it alone.
+# with the failpoints feature), each verified exactly-once, with the batch strategy, then again
+# with the inbox strategy (plus inbox-burst). Writes target/chaos/report.json and
+# report-inbox.json. It crashes the stack's PostgreSQL and Kafka on purpose: run it alone, or on
+# a stack of its own (STACK_DIR=$$PWD/.stack-chaos make chaos).
 chaos: up migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
-	$(WITH_ENV) target/debug/loadgen chaos
+	status=0; \
+	$(WITH_ENV) target/debug/loadgen chaos || status=1; \
+	$(WITH_ENV) target/debug/loadgen chaos --strategy inbox || status=1; \
+	exit $$status

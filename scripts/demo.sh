@@ -7,7 +7,12 @@
 # started again (a real rebalance); then loadgen verifies the ledger and prints the latency
 # summary. Exits non-zero if anything was lost or doubled.
 #
-#   DEMO_SECONDS=60 DEMO_RATE=2000 DEMO_PROFILE=release DEMO_PROMETHEUS=0 scripts/demo.sh
+# DEMO_STRATEGY=inbox runs the consumer with `strategy = "inbox"` (each worker stores messages in
+# the inbox table and its 4 processors apply them); loadgen then also waits for the inbox to
+# have no PENDING or IN_PROGRESS row before it verifies, and counts FAILED inbox rows as parked.
+# STACK_DIR picks the stack (default .stack/), as for scripts/stack.sh.
+#
+#   DEMO_SECONDS=60 DEMO_RATE=2000 DEMO_PROFILE=release DEMO_STRATEGY=batch DEMO_PROMETHEUS=0 scripts/demo.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,6 +21,11 @@ SECONDS_=${DEMO_SECONDS:-60}
 RATE=${DEMO_RATE:-2000}
 PROFILE=${DEMO_PROFILE:-release}
 PARTITIONS=${DEMO_PARTITIONS:-6}
+STRATEGY=${DEMO_STRATEGY:-batch}
+case "$STRATEGY" in
+  batch | inbox) ;;
+  *) echo "DEMO_STRATEGY must be batch or inbox, not $STRATEGY" >&2; exit 2 ;;
+esac
 RUN=$(date +%Y%m%d%H%M%S)-$$
 TOPIC=demo-payments-$RUN
 CONSUMER=rewards-demo-$RUN
@@ -26,7 +36,7 @@ say() { printf '\n==> %s\n' "$*"; }
 
 scripts/stack.sh up >/dev/null
 # shellcheck disable=SC1091
-source .stack/env
+source "${STACK_DIR:-$ROOT/.stack}/env"
 
 say "building ($PROFILE)"
 if [ "$PROFILE" = release ]; then
@@ -53,13 +63,15 @@ revoke_deadline = "5s"
 name = "$CONSUMER"
 topics = ["$TOPIC"]
 handler = { kind = "cashback", rate_bp = 200 }
+strategy = "$STRATEGY"
 TOML
 
 declare -A PIDS=()
-# Worker a serves metrics on 127.0.0.1:9464, b on 9465 (grafana/prometheus.yml scrapes both).
+# Worker a serves metrics on 127.0.0.1:9464, b on 9465 (grafana/prometheus.yml scrapes both);
+# DEMO_METRICS_PORT moves the pair (a demo beside another one).
 start_worker() {
-  local port=9464
-  [ "$1" = b ] && port=9465
+  local port=${DEMO_METRICS_PORT:-9464}
+  [ "$1" = b ] && port=$((port + 1))
   EFFECTIVELY_WORKER_ID="worker-$1" "$BIN/effectively" run --config "$OUT/effectively.toml" \
     --metrics-addr "127.0.0.1:$port" >>"$OUT/worker-$1.log" 2>&1 &
   PIDS[$1]=$!
@@ -97,7 +109,7 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 
-say "loadgen: $RATE/s for ${SECONDS_}s, 10% resends, 1% redrives, 1% double taps, 0.1% poison"
+say "loadgen: $RATE/s for ${SECONDS_}s, 10% resends, 1% redrives, 1% double taps, 0.1% poison ($STRATEGY strategy)"
 "$BIN/loadgen" --topic "$TOPIC" --partitions "$PARTITIONS" --consumer "$CONSUMER" \
   --rate "$RATE" --duration "${SECONDS_}s" --resend-rate 0.10 --redrive-rate 0.01 \
   --redrive-delay "$((SECONDS_ / 4 + 1))s" --double-tap-rate 0.01 --poison-rate 0.001 \

@@ -1,5 +1,6 @@
 //! loadgen: produces the seed's payment stream with real-world duplicates, waits for the
-//! engine to drain it, and verifies the ledger: for every acknowledged unique payment exactly
+//! engine to drain it (for an inbox consumer, also for its processors to finish the stored
+//! rows), and verifies the ledger: for every acknowledged unique payment exactly
 //! one effect, nothing unexpected, every poison record parked, wallets exact. Writes
 //! `report.json` and a self-contained `report.html`, and exits non-zero unless verified.
 
@@ -76,7 +77,8 @@ struct Args {
     /// The cashback rate the engine applies, in basis points.
     #[arg(long, default_value_t = 200)]
     rate_bp: i64,
-    /// How long to wait for the engine to drain the topic after producing.
+    /// How long to wait for the engine to drain the topic after producing (and, for a consumer
+    /// of the inbox strategy, for its processors to finish every stored row).
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
     /// Where report.json and report.html go.
@@ -335,7 +337,8 @@ pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Pro
     })
 }
 
-/// Waits for the engine to drain the topic, verifies the ledger, writes the reports.
+/// Waits for the engine to drain the topic (and an inbox consumer's processors to finish its
+/// rows), verifies the ledger, writes the reports.
 pub async fn finish_stage(
     session: &Session,
     spec: &Spec,
@@ -349,10 +352,29 @@ pub async fn finish_stage(
             _ => tokio::time::sleep(Duration::from_millis(250)).await,
         }
     };
+    // The inbox strategy moves the offsets as soon as a message is stored; its effect comes
+    // when a processor applies the row. Wait for those too (none for other strategies).
+    let mut open = Some(0);
+    if drained {
+        loop {
+            open = verify::inbox_open(&session.db, &spec.consumer).await.ok();
+            if open == Some(0) || drain_start.elapsed() > spec.drain_timeout {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
     produced.sampler.abort();
     if !drained {
         eprintln!(
             "loadgen: the engine did not drain the topic within {:?}",
+            spec.drain_timeout
+        );
+    } else if open != Some(0) {
+        eprintln!(
+            "loadgen: {} rows of consumer {:?} still PENDING or IN_PROGRESS in its inbox after {:?}",
+            open.map_or("unknown (PostgreSQL did not answer)".into(), |n| n.to_string()),
+            spec.consumer,
             spec.drain_timeout
         );
     }

@@ -5,7 +5,10 @@
 //!   offset);
 //! - redrive: the same bytes again after `redrive_delay` (an operator redriving dead letters);
 //! - double tap: a new event id for an existing payment (a business-key duplicate);
-//! - poison: an undecodable payload (with an event id header) or a JSON payload without one.
+//! - poison: an undecodable payload (with an event id header), a JSON payload without one, or
+//!   a JSON payload with an event id but none of a payment's fields (the batch strategy parks
+//!   it in `dead_letters` as soon as it arrives; the inbox stores it and its processor parks
+//!   the row as `FAILED`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -73,11 +76,15 @@ pub enum Kind {
     DoubleTap,
     PoisonUndecodable,
     PoisonNoEventId,
+    PoisonBadField,
 }
 
 impl Kind {
     pub fn is_poison(self) -> bool {
-        matches!(self, Kind::PoisonUndecodable | Kind::PoisonNoEventId)
+        matches!(
+            self,
+            Kind::PoisonUndecodable | Kind::PoisonNoEventId | Kind::PoisonBadField
+        )
     }
 }
 
@@ -301,7 +308,10 @@ fn copy_as(r: &Record, kind: Kind) -> Record {
 }
 
 /// Poison that names its run inside the bytes, so the verifier can tell this run's dead
-/// letters from others'.
+/// letters (and failed inbox rows) from others'. Half of it is undecodable; of the rest, odd
+/// payments' poison has no event id and even ones' has an id but no payment fields (decided by
+/// `n`, not by the random generator, so a seed draws the same amounts, users and duplicates
+/// as before this kind existed).
 fn poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Record {
     let (payload, event_id, kind) = if undecodable {
         (
@@ -309,12 +319,26 @@ fn poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Record {
             Some(uuid::Uuid::now_v7().to_string()),
             Kind::PoisonUndecodable,
         )
-    } else {
+    } else if n % 2 == 1 {
         (
             serde_json::to_vec(&serde_json::json!({"loadgen_run": run.id, "poison": n}))
                 .expect("json"),
             None,
             Kind::PoisonNoEventId,
+        )
+    } else {
+        // A valid event id and JSON, but no payment_id or amount: stored by an inbox receiver,
+        // refused by the handler's check.
+        (
+            serde_json::to_vec(&serde_json::json!({
+                "loadgen_run": run.id,
+                "poison": n,
+                "user_id": user_id,
+                "amount_paise": "not a number",
+            }))
+            .expect("json"),
+            Some(uuid::Uuid::now_v7().to_string()),
+            Kind::PoisonBadField,
         )
     };
     Record {

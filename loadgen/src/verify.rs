@@ -4,7 +4,9 @@
 //! - `lost`: an acknowledged payment with no effect, and not parked;
 //! - `duplicated`: a payment with more than one effect;
 //! - `unexpected`: an effect for a payment this run never sent;
-//! - `parked`: dead letters of this run; every one must be a poison record we sent;
+//! - `parked`: dead letters of this run, and its `FAILED` rows in the consumer's inbox (the
+//!   inbox strategy parks there what it stored but cannot apply); every one must be a poison
+//!   record we sent;
 //! - wallets: every user's balance must equal 2% (the rate) of their unique payments.
 //!
 //! [`check`] is a pure function so that it can be tested on ledgers with known faults: a
@@ -43,9 +45,10 @@ impl Expected {
     }
 }
 
-/// One dead letter of this run.
+/// One dead letter of this run, or one of its FAILED inbox rows.
 #[derive(Debug, Clone)]
 pub struct ParkedRow {
+    /// The dead letter's reason, or `inbox_failed: ` and the row's last error.
     pub reason: String,
     /// The payment id inside the payload, when it is a payment.
     pub payment_id: Option<String>,
@@ -178,25 +181,71 @@ pub async fn observe(
         observed.wallets.insert(r.get(0), r.get(1));
     }
     let marker = run.id.as_bytes().to_vec();
-    for r in db
+    let mut parked = db
         .query(
             "SELECT reason, payload FROM dead_letters
              WHERE consumer = $1 AND topic = $2 AND position($3::bytea IN coalesce(payload, '')) > 0",
             &[&consumer, &run.topic, &marker],
         )
-        .await?
-    {
+        .await?;
+    // The inbox strategy parks a stored message it cannot apply as a FAILED row (a database
+    // migrated before the inbox existed has no such table, and no such rows).
+    if has_inbox(db).await? {
+        parked.extend(
+            db.query(
+                "SELECT 'inbox_failed: ' || coalesce(last_error, ''), payload FROM inbox
+                 WHERE consumer = $1 AND topic = $2 AND status = 'FAILED'
+                   AND position($3::bytea IN payload) > 0",
+                &[&consumer, &run.topic, &marker],
+            )
+            .await?,
+        );
+    }
+    for r in parked {
         let payload: Option<Vec<u8>> = r.get(1);
-        let doc: Option<serde_json::Value> = payload.as_deref().and_then(|p| serde_json::from_slice(p).ok());
+        let doc: Option<serde_json::Value> = payload
+            .as_deref()
+            .and_then(|p| serde_json::from_slice(p).ok());
         let payment_id = doc
             .as_ref()
             .and_then(|d| d.get("payment_id"))
             .and_then(|v| v.as_str())
             .map(str::to_string);
         let poison = doc.as_ref().is_none_or(|d| d.get("loadgen_run").is_some());
-        observed.parked.push(ParkedRow { reason: r.get(0), payment_id, poison });
+        observed.parked.push(ParkedRow {
+            reason: r.get(0),
+            payment_id,
+            poison,
+        });
     }
     Ok((observed, latencies))
+}
+
+async fn has_inbox(db: &tokio_postgres::Client) -> Result<bool, tokio_postgres::Error> {
+    Ok(db
+        .query_one("SELECT to_regclass('inbox') IS NOT NULL", &[])
+        .await?
+        .get(0))
+}
+
+/// Rows of `consumer` its inbox processors have yet to finish (PENDING, including those
+/// waiting out a retry backoff, and IN_PROGRESS). 0 for a consumer of another strategy, whose
+/// messages never enter the inbox.
+pub async fn inbox_open(
+    db: &tokio_postgres::Client,
+    consumer: &str,
+) -> Result<i64, tokio_postgres::Error> {
+    if !has_inbox(db).await? {
+        return Ok(0);
+    }
+    Ok(db
+        .query_one(
+            "SELECT count(*) FROM inbox
+             WHERE consumer = $1 AND status IN ('PENDING', 'IN_PROGRESS')",
+            &[&consumer],
+        )
+        .await?
+        .get(0))
 }
 
 /// How many of the log's acknowledged records were duplicates of each kind.
