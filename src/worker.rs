@@ -151,6 +151,7 @@ impl Worker {
                         ordering_key: c.inbox.ordering_key.clone(),
                         done: c.inbox.done,
                         stored,
+                        freshness: Default::default(),
                     })
                 }
             };

@@ -33,6 +33,62 @@ pub struct Inbox {
     /// Notified after every commit that stored rows, so local processors need not wait for
     /// their next poll.
     pub stored: Arc<Notify>,
+    /// When this process last had the inbox's statistics refreshed, and what it stored since.
+    pub freshness: Arc<Freshness>,
+}
+
+/// Refreshes PostgreSQL's statistics of the inbox partitions a burst lands in, once this
+/// process has stored [`Freshness::ROWS`] rows since the last refresh (at most every
+/// [`Freshness::EVERY`]).
+///
+/// The processors' statements are shaped not to depend on statistics (see `store::inbox`), but
+/// a burst into a consumer, or onto a table whose last `ANALYZE` saw only DONE rows, is still
+/// estimated at "1 row" until autovacuum gets to it, and on such estimates PostgreSQL picks
+/// plans that read the whole backlog per claim: with autovacuum's own timing a 100,000-row
+/// backlog drained in 32 s under lease claims instead of 10 s. An `ANALYZE` of the touched
+/// day's partition costs a fraction of a second and runs beside the receiver, never in its
+/// transaction.
+#[derive(Debug, Default)]
+pub struct Freshness {
+    state: std::sync::Mutex<FreshnessState>,
+}
+
+#[derive(Debug, Default)]
+struct FreshnessState {
+    stored: u64,
+    dates: std::collections::BTreeSet<chrono::NaiveDate>,
+    last: Option<Instant>,
+    running: bool,
+}
+
+impl Freshness {
+    const ROWS: u64 = 20_000;
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Counts `stored` rows of `dates`; returns the partitions to analyze now, if it is time.
+    fn stored(&self, stored: u64, dates: impl Iterator<Item = chrono::NaiveDate>) -> Vec<String> {
+        let mut st = self.state.lock().expect("not poisoned");
+        st.stored += stored;
+        st.dates.extend(dates);
+        let due = st.stored >= Self::ROWS
+            && !st.running
+            && st.last.is_none_or(|t| t.elapsed() >= Self::EVERY);
+        if !due {
+            return Vec::new();
+        }
+        st.stored = 0;
+        st.running = true;
+        st.last = Some(Instant::now());
+        let dates = std::mem::take(&mut st.dates);
+        dates
+            .into_iter()
+            .map(crate::store::partitions::inbox_name_for)
+            .collect()
+    }
+
+    fn done(&self) {
+        self.state.lock().expect("not poisoned").running = false;
+    }
 }
 
 #[async_trait]
@@ -54,6 +110,16 @@ impl Strategy for Inbox {
         let out = drive(ctx, &batch, &shape, self, committed).await?;
         if out.fresh > 0 {
             self.stored.notify_waiters();
+            let tables = self.freshness.stored(
+                out.fresh,
+                batch
+                    .records
+                    .iter()
+                    .filter_map(|r| r.decoded.as_ref().ok().map(|e| e.event_date)),
+            );
+            if !tables.is_empty() {
+                analyze(Arc::clone(&self.freshness), ctx.pool.clone(), tables);
+            }
         }
         Ok(out)
     }
@@ -88,6 +154,30 @@ impl Body for Inbox {
             ..BodyOutcome::default()
         })
     }
+}
+
+/// `ANALYZE`s `tables` on a connection of its own, beside the receiver. A failure (the table was
+/// dropped by retention meanwhile, the database is away) is logged and otherwise ignored:
+/// autovacuum does the same work later.
+fn analyze(freshness: Arc<Freshness>, pool: deadpool_postgres::Pool, tables: Vec<String>) {
+    tokio::spawn(async move {
+        let t0 = Instant::now();
+        let sql = format!("ANALYZE {}", tables.join(", "));
+        let result = match pool.get().await {
+            Ok(client) => client.batch_execute(&sql).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        freshness.done();
+        match result {
+            Ok(()) => tracing::debug!(
+                ?tables,
+                ms = t0.elapsed().as_millis() as u64,
+                "inbox: statistics refreshed after a burst"
+            ),
+            Err(e) => tracing::warn!(?tables, error = %e,
+                "inbox: could not refresh statistics (autovacuum will)"),
+        }
+    });
 }
 
 /// The key whose rows are applied in arrival order. A message without one (no Kafka key, or
@@ -129,6 +219,24 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statistics_are_refreshed_after_a_burst_once_at_a_time() {
+        let day = |d| chrono::NaiveDate::from_ymd_opt(2026, 12, d).unwrap();
+        let f = Freshness::default();
+        assert!(f.stored(19_999, [day(4)].into_iter()).is_empty());
+        // The 20,000th row: both days it saw, once each.
+        assert_eq!(
+            f.stored(1, [day(3), day(4)].into_iter()),
+            vec!["inbox_p20261203", "inbox_p20261204"]
+        );
+        // Not again while that ANALYZE runs, nor within 10 s of it.
+        assert!(f.stored(50_000, [day(4)].into_iter()).is_empty());
+        f.done();
+        assert!(f.stored(50_000, [day(4)].into_iter()).is_empty());
+        f.state.lock().unwrap().last = Some(Instant::now() - Freshness::EVERY);
+        assert_eq!(f.stored(0, std::iter::empty()), vec!["inbox_p20261204"]);
+    }
 
     fn env(key: Option<&[u8]>, payload: &str) -> Envelope {
         Envelope {
