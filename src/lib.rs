@@ -25,6 +25,8 @@
 //!   ([`store::dedupe`]), daily partitions ([`store::partitions`]), dead letters
 //!   ([`store::dead_letters`]), the inbox table ([`store::inbox`]), migrations
 //!   ([`store::migrate`]).
+//! - [`version`]: versioned writes, which of a batch's events each aggregate can take and in
+//!   what rounds (pure; `[consumer.version]`).
 //! - [`batch`], [`envelope`] (decoding a record: message id, event date, rejections),
 //!   [`config`], [`stats`], [`metrics`] (every Prometheus metric and the event that moves it); [`ceiling`], the SQL ceiling benchmark.
 
@@ -40,4 +42,5 @@ pub mod source;
 pub mod stats;
 pub mod store;
 pub mod strategy;
+pub mod version;
 pub mod worker;

@@ -13,7 +13,9 @@ use humantime_serde::re::humantime::format_duration;
 use serde::{Deserialize, Deserializer};
 
 mod inbox;
+mod version;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
+pub use version::{VersionConfig, VersionMode};
 
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 

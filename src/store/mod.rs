@@ -11,6 +11,7 @@ pub mod offsets;
 pub mod partitions;
 pub mod pool;
 pub mod retention;
+pub mod versions;
 
 /// What the caller should do about a failed database call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
