@@ -161,12 +161,12 @@ async fn per_key_order_holds_under_retries() {
     let (topic, consumer) = (unique("inbox-order"), unique("inbox-order"));
     create_topic(&topic, 2).await;
     let db = pg().await;
-    db.batch_execute(
+    create_once(
+        &db,
         "CREATE TABLE IF NOT EXISTS inbox_test_log (
              id bigserial PRIMARY KEY, consumer text NOT NULL, key text NOT NULL, n int NOT NULL)",
     )
-    .await
-    .unwrap();
+    .await;
     let log = Arc::new(OrderLog {
         failures_left: AtomicU32::new(2),
     });
@@ -538,12 +538,12 @@ async fn done_rows_deleted_still_dedupe_redeliveries() {
     let sql = "{ kind = \"sql\", statement = \"INSERT INTO inbox_test_log (consumer, key, n) \
                SELECT $1, message_id::text, 1 FROM fresh_messages ORDER BY message_id\" }";
     let db = pg().await;
-    db.batch_execute(
+    create_once(
+        &db,
         "CREATE TABLE IF NOT EXISTS inbox_test_log (
              id bigserial PRIMARY KEY, consumer text NOT NULL, key text NOT NULL, n int NOT NULL)",
     )
-    .await
-    .unwrap();
+    .await;
     let worker = start(config(&consumer, &topic, sql, &extra)).await;
     let payments: Vec<Payment> = (0..30).map(|i| Payment::new("u1", 100 + i)).collect();
     let p = producer();

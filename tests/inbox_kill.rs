@@ -74,12 +74,12 @@ async fn a_killed_processor_loses_nothing_and_applies_nothing_twice(claim: &str)
     create_topic(&topic, 2).await;
     let db = pg().await;
     // No unique key here on purpose: a row applied twice shows as two log rows.
-    db.batch_execute(
+    create_once(
+        &db,
         "CREATE TABLE IF NOT EXISTS inbox_kill_log (
              id bigserial PRIMARY KEY, consumer text NOT NULL, message_id uuid NOT NULL)",
     )
-    .await
-    .unwrap();
+    .await;
     let dir = std::env::temp_dir().join(&consumer);
     std::fs::create_dir_all(&dir).unwrap();
     let config_path = dir.join("effectively.toml");

@@ -158,8 +158,7 @@ pub struct Claimed {
 // statistics that may predate it (a burst into a new consumer: "1 row"). On that estimate it
 // hash-joined a batch's `(message_id, event_date)` pairs against every row of the consumer,
 // 94 ms to mark 100 rows DONE in a 100,000-row backlog; hidden, it looks each pair up by
-// primary key, 1.7 ms. (The key walk's subqueries keep `$1`: planned afresh, see
-// `claim_rows`.)
+// primary key, 1.7 ms.
 
 /// The per-key order predicate (see the module docs), for a row aliased `i`: its `seq` is the
 /// smallest of its key's open rows. A correlated scalar subquery, not `NOT EXISTS`, because
@@ -205,19 +204,21 @@ impl Mode {
     }
 }
 
-/// The claimable rows, oldest first, locked with SKIP LOCKED, as a query selecting `select`
-/// (columns of `i`). `$1` consumer, `$2` limit, `$3` the window's end (see [`claim_rows`]).
+/// The claimable rows, locked with SKIP LOCKED, as a query selecting `select` (columns of
+/// `i`). `$1` consumer, `$2` limit, `$3` the window's end (see [`claim_rows`]), `${cursor}`
+/// (by keys only) the key the walk starts after.
 ///
-/// `by_keys = false`: rows at or before the window's end, by arrival order, each checked to be
-/// the head of its key. The end is hidden from the planner too (`(SELECT $3::bigint)`): seen,
-/// it made PostgreSQL read and sort the whole window of `8 x limit` rows where reading in
-/// `seq` order stops at `limit` (51 ms against 15 ms a claim). Cheap when heads are near the front, which they are unless a few keys
-/// hold most of the backlog: then nearly every row it looks at is blocked behind its key's head,
-/// and a scan by arrival would read the whole backlog (5 s for 100,000 rows of 10 keys).
-/// `by_keys = true`: rows after the window's end that head their key, found by walking the
-/// distinct open keys through the `(consumer, ordering_key, seq)` index: one index descent per
-/// key, whatever the backlog (8 ms for the same 100,000 rows).
-fn pick_sql(mode: Mode, by_keys: bool, select: &str) -> String {
+/// `by_keys = false`: rows at or before the window's end, oldest first, each checked to be the
+/// head of its key. Cheap when heads are near the front, which they are unless a few keys hold
+/// most of the backlog: then nearly every row it looks at is blocked behind its key's head, and
+/// a scan by arrival would read the whole backlog (5 s for 100,000 rows of 10 keys). The end
+/// is hidden from the planner too (`(SELECT $3::bigint)`): seen, it made PostgreSQL read and
+/// sort the whole window of `8 x limit` rows where reading in `seq` order stops at `limit`
+/// (51 ms against 15 ms a claim).
+/// `by_keys = true`: heads past the window's end, found by walking the distinct open keys
+/// through the `(consumer, ordering_key, seq)` index, one index descent per key, until `$2`
+/// are locked (8 ms for the same 100,000 rows).
+fn pick_sql(mode: Mode, by_keys: bool, select: &str, cursor: usize) -> String {
     let due = mode.due();
     if !by_keys {
         return format!(
@@ -228,40 +229,48 @@ fn pick_sql(mode: Mode, by_keys: bool, select: &str) -> String {
              FOR UPDATE OF i SKIP LOCKED"
         );
     }
-    // `heads` is MATERIALIZED and joined back by primary key: inlined into the outer query, the
-    // planner (on statistics from before a burst) could re-run the per-key lookups once per
-    // candidate row, 45 s a claim for 10,000 keys.
-    let due_h = due.replace("i.", "h.");
+    // Evaluated lazily: the walk stops as soon as `$2` heads are locked, so a claim costs about
+    // as many index descents as rows it takes, not one per open key (1.3 s for 1,000 keys whose
+    // DONE rows vacuum had not cleared). It starts after `${cursor}`, the key where the last walk
+    // of this consumer stopped, so that every key gets its turn. Each head is locked in a
+    // lateral subquery of its own, looked up by primary key: `(i.status || '')` keeps the
+    // open-row partial indexes out of reach, since on stale statistics PostgreSQL took one of
+    // them for "1 row" and scanned every open row per key (3.6 s a walk, 6 ms now).
+    let due_opaque = due.replace("i.status = ", "(i.status || '') = ");
     format!(
         "WITH RECURSIVE keys AS (
              (SELECT ordering_key FROM inbox
-              WHERE consumer = $1 AND status IN ('PENDING', 'IN_PROGRESS')
+              WHERE consumer = (SELECT $1::text) AND status IN ('PENDING', 'IN_PROGRESS')
+                AND ordering_key > ${cursor}
               ORDER BY ordering_key LIMIT 1)
              UNION ALL
              SELECT (SELECT n.ordering_key FROM inbox n
-                     WHERE n.consumer = $1 AND n.status IN ('PENDING', 'IN_PROGRESS')
+                     WHERE n.consumer = (SELECT $1::text)
+                       AND n.status IN ('PENDING', 'IN_PROGRESS')
                        AND n.ordering_key > k.ordering_key
                      ORDER BY n.ordering_key LIMIT 1)
              FROM keys k WHERE k.ordering_key IS NOT NULL
-         ), heads AS MATERIALIZED (
-             SELECT h.message_id, h.event_date, h.seq FROM keys k
-             CROSS JOIN LATERAL (
-                 SELECT f.message_id, f.event_date, f.seq, f.status, f.next_attempt_at,
-                        f.lease_until
-                 FROM inbox f
-                 WHERE f.consumer = $1 AND f.ordering_key = k.ordering_key
-                   AND f.status IN ('PENDING', 'IN_PROGRESS')
-                 ORDER BY f.seq LIMIT 1) h
-             WHERE h.seq > $3 AND {due_h}
          )
-         SELECT {select} FROM heads p
-         JOIN inbox i ON i.consumer = (SELECT $1::text) AND i.message_id = p.message_id
-                     AND i.event_date = p.event_date
-         WHERE {due}
-         ORDER BY p.seq LIMIT $2
-         FOR UPDATE OF i SKIP LOCKED"
+         SELECT x.* FROM keys k
+         CROSS JOIN LATERAL (
+             SELECT f.message_id, f.event_date FROM inbox f
+             WHERE f.consumer = (SELECT $1::text) AND f.ordering_key = k.ordering_key
+               AND f.status IN ('PENDING', 'IN_PROGRESS')
+             ORDER BY f.seq LIMIT 1) h
+         CROSS JOIN LATERAL (
+             SELECT {select} FROM inbox i
+             WHERE i.consumer = (SELECT $1::text) AND i.message_id = h.message_id
+               AND i.event_date = h.event_date AND {due_opaque} AND i.seq > $3
+             FOR UPDATE OF i SKIP LOCKED) x
+         LIMIT $2"
     )
 }
+
+/// Where the last key walk of each consumer stopped (see [`pick_sql`]): the next one starts
+/// after it, and after the last key it starts from the first again.
+static WALK_CURSOR: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, String>>,
+> = std::sync::LazyLock::new(Default::default);
 
 /// Claims up to `limit` rows with `sql(by_keys)` (run with `params_after`, the parameters
 /// after `$1`..`$3`): first by arrival order within the window, then, if that found too few
@@ -284,11 +293,21 @@ where
         .await?
         .map(|r| r.get(0));
     let bound = end.unwrap_or(i64::MAX);
+    let cursor: String = WALK_CURSOR
+        .lock()
+        .expect("not poisoned")
+        .get(consumer)
+        .cloned()
+        .unwrap_or_default();
+    let cursor = &cursor;
     let sql = &sql;
     let run = |by_keys: bool, n: i64| async move {
         let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
             vec![&consumer, &n, &bound];
         params.extend_from_slice(params_after);
+        if by_keys {
+            params.push(cursor);
+        }
         let rows = if by_keys {
             // A new statement each time: planned for this state of the inbox, never a cached
             // generic plan.
@@ -300,10 +319,22 @@ where
         Ok::<_, StoreError>(rows.iter().map(claimed).collect::<Vec<_>>())
     };
     let mut out = run(false, limit).await?;
-    if (out.len() as i64) < limit && end.is_some() {
+    if (out.len() as i64) < limit
+        && end.is_some()
+        && few_keys(client, consumer, bound, limit).await?
+    {
         let t = std::time::Instant::now();
-        let more =
-            without_sort(client, in_transaction, run(true, limit - out.len() as i64)).await?;
+        let wanted = limit - out.len() as i64;
+        let more = planned_for_the_walk(client, in_transaction, run(true, wanted)).await?;
+        // A full walk resumes after its last key; a short one reached the last key: start over.
+        let next = match more.iter().map(|c| &c.ordering_key).max() {
+            Some(last) if more.len() as i64 == wanted => last.clone(),
+            _ => String::new(),
+        };
+        WALK_CURSOR
+            .lock()
+            .expect("not poisoned")
+            .insert(consumer.to_string(), next);
         tracing::debug!(
             consumer,
             window = out.len(),
@@ -317,18 +348,48 @@ where
     Ok(out)
 }
 
-/// Runs `query` (a statement on `client`) with `enable_sort = off`, in the caller's
-/// transaction (`in_transaction`, restoring the setting after) or in one of its own.
+/// The distinct keys of the window's open rows, up to `$3`.
+const WINDOW_KEYS: &str = "\
+SELECT count(*) FROM (
+    SELECT DISTINCT ordering_key FROM inbox
+    WHERE consumer = (SELECT $1::text) AND status IN ('PENDING', 'IN_PROGRESS')
+      AND seq <= (SELECT $2::bigint)
+    LIMIT $3) k";
+
+/// Whether the window holds fewer than twice the keys a claim wants: then its heads are behind
+/// a few hot keys (with other processors holding some of them, it cannot fill a claim), and
+/// only the key walk finds the rest. A window of many keys that fell short did so because
+/// other processors held or had just finished its heads between this claim's statements: the
+/// next claim finds more. Walking on every shortfall, when a walk still read every key, made 4
+/// processors drain 418 rows/s in `make bench`.
+async fn few_keys<C>(client: &C, consumer: &str, bound: i64, limit: i64) -> Result<bool, StoreError>
+where
+    C: deadpool_postgres::GenericClient + Sync,
+{
+    let stmt = client.prepare_cached(WINDOW_KEYS).await?;
+    let keys: i64 = client
+        .query_one(&stmt, &[&consumer, &bound, &(2 * limit)])
+        .await?
+        .get(0);
+    Ok(keys < 2 * limit)
+}
+
+/// The planner settings the key walk runs with: no sort, no hash or merge join.
+const WALK_SETTINGS: [&str; 3] = ["enable_sort", "enable_hashjoin", "enable_mergejoin"];
+
+/// Runs `query` (a statement on `client`) with [`WALK_SETTINGS`] off, in the caller's
+/// transaction (`in_transaction`, restoring them after) or in one of its own.
 ///
 /// For the key walk: each of its steps must be an index descent (a Merge Append of the
-/// partitions' `(consumer, ordering_key, seq)` indexes, stopping at the first key), and on
-/// estimates that put "1 row" where 100,000 open rows are (statistics from before a burst, or
-/// from when every row was DONE), PostgreSQL preferred to sort what it expected to be nothing:
-/// every step then read the rest of the backlog, and a claim over 10,000 keys ran for
-/// minutes. With sorting priced out, the walk is 70-100 ms for 10,000 keys whatever the
-/// statistics say. (The walk's final `ORDER BY` over the heads has no other way and still
-/// sorts.)
-async fn without_sort<C, T>(
+/// partitions' `(consumer, ordering_key, seq)` indexes, stopping at the first key), and each
+/// head it finds must be looked up by primary key, so that the walk stops after the rows it
+/// wants. On estimates that put "1 row" where 100,000 open rows are (statistics from before a
+/// burst, or from when every row was DONE), PostgreSQL preferred to sort what it expected to
+/// be nothing (every step then read the rest of the backlog: minutes for 10,000 keys), or to
+/// hash every open row of the consumer before the first head (spilling to disk: a 100,000-row
+/// drain took 95 s). With those priced out, a walk costs tens of milliseconds whatever the
+/// statistics say.
+async fn planned_for_the_walk<C, T>(
     client: &C,
     in_transaction: bool,
     query: impl std::future::Future<Output = Result<T, StoreError>>,
@@ -336,21 +397,29 @@ async fn without_sort<C, T>(
 where
     C: deadpool_postgres::GenericClient + Sync,
 {
+    let off: String = WALK_SETTINGS
+        .iter()
+        .map(|s| format!("SET LOCAL {s} = off;"))
+        .collect();
     if in_transaction {
-        let was: String = client
-            .query_one("SELECT current_setting('enable_sort')", &[])
-            .await?
-            .get(0);
-        client.batch_execute("SET LOCAL enable_sort = off").await?;
-        let out = query.await?;
-        client
-            .execute("SELECT set_config('enable_sort', $1, true)", &[&was])
+        let was = client
+            .query_one(
+                "SELECT current_setting('enable_sort'), current_setting('enable_hashjoin'),
+                        current_setting('enable_mergejoin')",
+                &[],
+            )
             .await?;
+        client.batch_execute(&off).await?;
+        let out = query.await?;
+        for (i, name) in WALK_SETTINGS.iter().enumerate() {
+            let value: String = was.get(i);
+            client
+                .execute("SELECT set_config($1, $2, true)", &[name, &value])
+                .await?;
+        }
         return Ok(out);
     }
-    client
-        .batch_execute("BEGIN; SET LOCAL enable_sort = off")
-        .await?;
+    client.batch_execute(&format!("BEGIN; {off}")).await?;
     match query.await {
         Ok(out) => {
             client.batch_execute("COMMIT").await?;
@@ -381,7 +450,7 @@ fn claimed(r: &tokio_postgres::Row) -> Claimed {
 }
 
 static CLAIM_LOCKED: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-    [false, true].map(|by_keys| pick_sql(Mode::Lock, by_keys, COLUMNS_OF_I))
+    [false, true].map(|by_keys| pick_sql(Mode::Lock, by_keys, COLUMNS_OF_I, 4))
 });
 
 /// `COLUMNS` qualified by the alias `i`.
@@ -419,7 +488,7 @@ static CLAIM_LEASED: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new
              WHERE u.consumer = (SELECT $1::text) AND u.message_id = p.message_id
                AND u.event_date = p.event_date
              RETURNING {returning}",
-            pick_sql(Mode::Lease, by_keys, "i.message_id, i.event_date")
+            pick_sql(Mode::Lease, by_keys, "i.message_id, i.event_date", 6)
         )
     })
 });

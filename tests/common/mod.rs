@@ -98,6 +98,17 @@ pub async fn produce(
     }
 }
 
+/// Runs `ddl` (a `CREATE ... IF NOT EXISTS`) under an advisory lock. Tests run in parallel, and
+/// two concurrent `CREATE TABLE IF NOT EXISTS` of one table can both find it missing, one then
+/// failing on the catalog's unique index.
+pub async fn create_once(db: &tokio_postgres::Client, ddl: &str) {
+    db.batch_execute(&format!(
+        "BEGIN; SELECT pg_advisory_xact_lock(7215); {ddl}; COMMIT"
+    ))
+    .await
+    .expect("create a test table");
+}
+
 pub async fn pg() -> tokio_postgres::Client {
     effectively::store::pool::connect(&database_url())
         .await
