@@ -24,6 +24,11 @@ async fn exists(db: &tokio_postgres::Client, date: NaiveDate) -> bool {
 }
 
 /// Runs maintenance until this instance gets the lock (other tests' workers may hold it).
+/// Held for the whole of each test here: every one creates or drops old daily partitions, and a
+/// maintenance run (a test's own, or a worker's at start) drops every partition past retention,
+/// including the one another test has just created for its rows.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn run_maintenance(db: &tokio_postgres::Client, known: &Known) {
     for _ in 0..100 {
         if let Ran::Done { .. } = retention::run(db, known, today(), 3, 15).await.unwrap() {
@@ -36,6 +41,7 @@ async fn run_maintenance(db: &tokio_postgres::Client, known: &Known) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_are_created_ahead_and_dropped_past_retention() {
+    let _serial = SERIAL.lock().await;
     let db = common::pg().await;
     let known = Known::default();
     // Dates far in the past, as a database would hold after years of running.
@@ -83,6 +89,7 @@ async fn partitions_are_created_ahead_and_dropped_past_retention() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_instance_holding_the_lock_runs_maintenance() {
+    let _serial = SERIAL.lock().await;
     let db = common::pg().await;
     let other = common::pg().await;
     // Another instance is running maintenance: it holds the lock.
@@ -118,6 +125,7 @@ async fn only_the_instance_holding_the_lock_runs_maintenance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_are_judged_by_their_event_date_at_the_window_edges() {
+    let _serial = SERIAL.lock().await;
     let topic = common::unique("window");
     let consumer = common::unique("rewards");
     common::create_topic(&topic, 1).await;
@@ -169,6 +177,7 @@ async fn copies_are_judged_by_their_event_date_at_the_window_edges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_partition_does_not_disturb_a_running_worker() {
+    let _serial = SERIAL.lock().await;
     let topic = common::unique("dropwhile");
     let consumer = common::unique("rewards");
     common::create_topic(&topic, 3).await;
@@ -230,6 +239,7 @@ async fn dropping_a_partition_does_not_disturb_a_running_worker() {
 /// retention keeps its day, dedupe partition and all, until the row is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_day_whose_inbox_still_has_open_rows_is_kept() {
+    let _serial = SERIAL.lock().await;
     let db = common::pg().await;
     let known = Known::default();
     let old = NaiveDate::from_ymd_opt(2002, 3, 4).unwrap();
