@@ -462,15 +462,7 @@ async fn many_processors_apply_once(claim: &str) {
     let dead = pg().await;
     let held = if claim == "lease" {
         // Lease claims commit at once: the rows stay IN_PROGRESS until the lease expires.
-        let pool = effectively::store::pool::build(
-            &database_url(),
-            &effectively::store::pool::PoolOptions {
-                size: 1,
-                connect_timeout: Duration::from_secs(5),
-                idle_in_transaction_timeout: Duration::from_secs(60),
-            },
-        )
-        .unwrap();
+        let pool = pool(1);
         let conn = pool.get().await.unwrap();
         let token = uuid::Uuid::new_v4();
         inbox::claim_leased(&conn, &consumer, 20, 2_000, token)
@@ -597,15 +589,7 @@ async fn a_hot_key_in_front_does_not_hide_the_other_keys() {
     )
     .await
     .unwrap();
-    let pool = effectively::store::pool::build(
-        &database_url(),
-        &effectively::store::pool::PoolOptions {
-            size: 2,
-            connect_timeout: Duration::from_secs(5),
-            idle_in_transaction_timeout: Duration::from_secs(60),
-        },
-    )
-    .unwrap();
+    let pool = pool(2);
     let mut first = pool.get().await.unwrap();
     let mut second = pool.get().await.unwrap();
     let tx = first.transaction().await.unwrap();

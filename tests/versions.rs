@@ -9,18 +9,6 @@ use std::time::{Duration, Instant};
 use effectively::store::versions;
 use effectively::version::{plan, Stamp, Verdict, VersionMode};
 
-fn pool() -> deadpool_postgres::Pool {
-    effectively::store::pool::build(
-        &common::database_url(),
-        &effectively::store::pool::PoolOptions {
-            size: 2,
-            connect_timeout: Duration::from_secs(5),
-            idle_in_transaction_timeout: Duration::from_secs(60),
-        },
-    )
-    .unwrap()
-}
-
 fn stamps(list: &[(&str, i64)]) -> Vec<Stamp> {
     list.iter()
         .map(|(a, v)| Stamp {
@@ -64,7 +52,7 @@ async fn stored(db: &deadpool_postgres::Object, consumer: &str) -> HashMap<Strin
 
 #[tokio::test]
 async fn a_redelivered_older_state_changes_nothing() {
-    let mut db = pool().get().await.unwrap();
+    let mut db = common::pool(2).get().await.unwrap();
     let consumer = common::unique("versions-full");
     // PAID (v7), then REFUNDED (v8), then PAID redelivered.
     use Verdict::*;
@@ -87,7 +75,7 @@ async fn a_redelivered_older_state_changes_nothing() {
 
 #[tokio::test]
 async fn deltas_across_batches_move_one_version_at_a_time() {
-    let mut db = pool().get().await.unwrap();
+    let mut db = common::pool(2).get().await.unwrap();
     let consumer = common::unique("versions-delta");
     use Verdict::*;
     let delta = VersionMode::Delta;
@@ -107,7 +95,7 @@ async fn deltas_across_batches_move_one_version_at_a_time() {
 
 #[tokio::test]
 async fn two_transactions_racing_for_a_new_aggregate_cannot_both_move_it() {
-    let pool = pool();
+    let pool = common::pool(2);
     let mut first = pool.get().await.unwrap();
     let mut second = pool.get().await.unwrap();
     let consumer = common::unique("versions-race");

@@ -796,16 +796,7 @@ async fn inbox(
     )
     .await?;
     loop {
-        let open: bool = db
-            .client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM inbox
-                                WHERE consumer = $1 AND status IN ('PENDING', 'IN_PROGRESS'))",
-                &[&name],
-            )
-            .await?
-            .get(0);
-        if !open {
+        if crate::verify::inbox_open(&db.client, &name).await? == 0 {
             break;
         }
         if let Some(why) = worker.exited(&format!("{name}-processors.log")) {

@@ -936,7 +936,7 @@ impl Db {
 
     /// Rows processors have yet to finish.
     async fn open(&self, consumer: &str) -> anyhow::Result<u64> {
-        self.count(consumer, &["PENDING", "IN_PROGRESS"]).await
+        Ok(crate::verify::inbox_open(&self.0, consumer).await? as u64)
     }
 
     /// Rows leased by a processor (`claim = "lease"`).

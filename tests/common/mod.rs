@@ -109,6 +109,20 @@ pub async fn create_once(db: &tokio_postgres::Client, ddl: &str) {
     .expect("create a test table");
 }
 
+/// A pool of `size` connections to the local PostgreSQL, as the engine builds its own: for
+/// calling `store` functions that take the engine's client or transaction types.
+pub fn pool(size: usize) -> deadpool_postgres::Pool {
+    effectively::store::pool::build(
+        &database_url(),
+        &effectively::store::pool::PoolOptions {
+            size,
+            connect_timeout: std::time::Duration::from_secs(5),
+            idle_in_transaction_timeout: std::time::Duration::from_secs(60),
+        },
+    )
+    .expect("a pool for the local PostgreSQL")
+}
+
 pub async fn pg() -> tokio_postgres::Client {
     effectively::store::pool::connect(&database_url())
         .await
