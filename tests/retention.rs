@@ -187,7 +187,7 @@ async fn dropping_a_partition_does_not_disturb_a_running_worker() {
     let payments: Vec<Payment> = (0..3_000)
         .map(|i| Payment::new(&users[i % 20], 1_000 + i as i64))
         .collect();
-    let db = common::pg().await;
+    let mut db = common::pg().await;
     let worker = common::start(common::config(
         &consumer,
         &topic,
@@ -204,14 +204,18 @@ async fn dropping_a_partition_does_not_disturb_a_running_worker() {
     let known = Known::default();
     for round in 0..5u32 {
         let date = NaiveDate::from_ymd_opt(2002, 1, 1 + round).unwrap();
-        known.ensure(&db, [date]).await.unwrap();
-        db.execute(
+        // One transaction: the worker's own maintenance (at its start) drops every old
+        // partition it sees, and must not see this one between its creation and its rows.
+        let tx = db.transaction().await.unwrap();
+        known.ensure(&tx, [date]).await.unwrap();
+        tx.execute(
             "INSERT INTO processed_messages (consumer, message_id, event_date)
              SELECT $1, gen_random_uuid(), $2 FROM generate_series(1, 20000)",
             &[&consumer, &date],
         )
         .await
         .unwrap();
+        tx.commit().await.unwrap();
         run_maintenance(&db, &known).await;
         assert!(
             !exists(&db, date).await,
