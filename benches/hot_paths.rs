@@ -109,10 +109,10 @@ fn batch(c: &mut Criterion) {
         .filter_map(|r| r.decoded.as_ref().ok())
         .collect();
     g.bench_function("copy_encode_1000", |b| {
-        b.iter(|| black_box(effectively::store::copy::encode(&envs, false, false)).len())
+        b.iter(|| black_box(effectively::store::copy::encode(&envs, false, false, None)).len())
     });
     g.bench_function("copy_encode_1000_with_payload", |b| {
-        b.iter(|| black_box(effectively::store::copy::encode(&envs, true, false)).len())
+        b.iter(|| black_box(effectively::store::copy::encode(&envs, true, false, None)).len())
     });
     g.finish();
 }

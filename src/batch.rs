@@ -136,6 +136,11 @@ impl Record {
                 config.future_tolerance,
             )
             .and_then(|()| handler.map_or(Ok(()), |h| h.check(&env)))
+            // A versioned event without its aggregate or version cannot be ordered.
+            .and_then(|()| match (&config.version, handler) {
+                (Some(v), Some(_)) => crate::version::read(v, &env).map(|_| ()),
+                _ => Ok(()),
+            })
             .map_err(|r| Rejection {
                 message_id: Some(env.message_id),
                 ..r

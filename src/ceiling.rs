@@ -120,6 +120,7 @@ pub async fn run(
             retry: RetryConfig::default(),
             partitions: Arc::clone(&known),
             cancel: CancellationToken::new(),
+            version: None,
         };
         let recs = records(&run, p, per_partition);
         let mut batches = Vec::new();

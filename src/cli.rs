@@ -36,8 +36,9 @@ pub enum RetentionAction {
 
 #[derive(Debug, Subcommand)]
 pub enum InboxAction {
-    /// Per inbox consumer: PENDING rows (and how many are due now), IN_PROGRESS, FAILED, and
-    /// the oldest PENDING row's age.
+    /// Per inbox or versioned consumer: PENDING rows (and how many are due now), IN_PROGRESS,
+    /// FAILED, HELD (events waiting for a missing version) and the oldest PENDING row's age;
+    /// then, per versioned consumer, its held gaps per aggregate, oldest first.
     Status {
         #[arg(long, short, default_value = "effectively.toml")]
         config: PathBuf,
@@ -342,16 +343,24 @@ async fn inbox(action: InboxAction) -> anyhow::Result<()> {
     match action {
         InboxAction::Status { config } => {
             let config = Config::load(&config)?;
+            // Inbox consumers, and versioned ones (their gaps wait in the inbox).
             let names: Vec<String> = (config.consumers.iter())
-                .filter(|c| c.strategy == Strategy::Inbox)
+                .filter(|c| c.strategy == Strategy::Inbox || c.version.is_some())
                 .map(|c| c.name.clone())
                 .collect();
             if names.is_empty() {
-                anyhow::bail!("no consumer of this config has strategy = \"inbox\"");
+                anyhow::bail!(
+                    "no consumer of this config has strategy = \"inbox\" or [consumer.version]"
+                );
             }
             let client = store::pool::connect(config.database.url.expose()).await?;
             let rows = store::inbox::status(&client, &names).await?;
             print!("{}", admin::render_status(&rows));
+            for c in config.consumers.iter().filter(|c| c.version.is_some()) {
+                let gaps = store::versions::gaps(&client, &c.name, 20).await?;
+                let all = store::versions::gap_count(&client, &c.name).await?;
+                print!("\n{}", admin::render_gaps(&c.name, &gaps, all));
+            }
             Ok(())
         }
         InboxAction::Replay {

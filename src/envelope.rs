@@ -126,6 +126,40 @@ pub struct Envelope {
     pub size: usize,
 }
 
+impl Envelope {
+    /// A message rebuilt from what the engine stored of it (an inbox row), as a handler sees it;
+    /// `needs_json`: parse the payload, which must then be a JSON object.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_stored(
+        partition: i32,
+        offset: i64,
+        message_id: Uuid,
+        event_date: NaiveDate,
+        kafka_ts: Option<DateTime<Utc>>,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        needs_json: bool,
+    ) -> Result<Envelope, Rejection> {
+        let payload = Bytes::copy_from_slice(payload);
+        let json = if needs_json {
+            Some(parse_object(&payload)?)
+        } else {
+            None
+        };
+        Ok(Envelope {
+            partition,
+            offset,
+            message_id,
+            event_date,
+            kafka_ts,
+            size: key.map_or(0, |k| k.len()) + payload.len(),
+            key: key.map(Bytes::copy_from_slice),
+            payload,
+            json,
+        })
+    }
+}
+
 /// The decoding rules of one consumer, built once from its config.
 ///
 /// JSON pointers are used as given: one that does not start with `/` matches nothing, so the

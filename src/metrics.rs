@@ -42,6 +42,9 @@ pub const INBOX_CLAIM_DURATION: &str = "effectively_inbox_claim_duration_seconds
 pub const INBOX_PROCESS_DURATION: &str = "effectively_inbox_process_duration_seconds";
 pub const INBOX_PROCESSED: &str = "effectively_inbox_processed_total";
 pub const INBOX_LEASE_LOST: &str = "effectively_inbox_lease_lost_total";
+pub const VERSION_SKIPPED: &str = "effectively_version_skipped_total";
+pub const VERSION_HELD: &str = "effectively_version_held_events";
+pub const VERSION_GAPS_OVERDUE: &str = "effectively_version_gaps_overdue";
 
 /// Every metric name, for tests that check dashboards and alert rules against them.
 pub const ALL: &[&str] = &[
@@ -72,6 +75,9 @@ pub const ALL: &[&str] = &[
     INBOX_PROCESS_DURATION,
     INBOX_PROCESSED,
     INBOX_LEASE_LOST,
+    VERSION_SKIPPED,
+    VERSION_HELD,
+    VERSION_GAPS_OVERDUE,
 ];
 
 /// Where `effectively run` serves `/metrics` unless told otherwise.
@@ -232,6 +238,21 @@ fn describe() {
         INBOX_PROCESSED,
         Unit::Count,
         "Inbox rows a processor finished an attempt on, by outcome: done, retry, failed."
+    );
+    describe_counter!(
+        VERSION_SKIPPED,
+        Unit::Count,
+        "Versioned events acked without applying them, by reason: stale (older than the stored version), duplicate (the stored version again), held (a gap, waiting for a missing version), released (a held event applied once its gap filled)."
+    );
+    describe_gauge!(
+        VERSION_HELD,
+        Unit::Count,
+        "Events held behind a missing version, HELD inbox rows (sampled)."
+    );
+    describe_gauge!(
+        VERSION_GAPS_OVERDUE,
+        Unit::Count,
+        "Aggregates whose oldest held event waited longer than version.gap_alert_after (sampled). Alarm when above 0: a version never arrived."
     );
     describe_counter!(
         INBOX_LEASE_LOST,
@@ -428,4 +449,25 @@ pub fn inbox_status(consumer: &str, pending: i64, in_progress: i64, failed: i64,
         gauge!(INBOX_ROWS, "consumer" => c.clone(), "status" => status).set(n as f64);
     }
     gauge!(INBOX_OLDEST_PENDING_AGE, "consumer" => c).set(oldest_s);
+}
+
+/// Versioned events of a committed transaction that changed nothing or were held.
+pub fn versions_skipped(consumer: &str, s: &crate::version::Skipped) {
+    for (reason, n) in [
+        ("stale", s.stale),
+        ("duplicate", s.duplicate),
+        ("held", s.held),
+        ("released", s.released),
+    ] {
+        if n > 0 {
+            counter!(VERSION_SKIPPED, "consumer" => consumer.to_string(), "reason" => reason)
+                .increment(n);
+        }
+    }
+}
+
+/// The sampled held-gap gauges of one versioned consumer.
+pub fn version_gaps(consumer: &str, held: i64, overdue: i64) {
+    gauge!(VERSION_HELD, "consumer" => consumer.to_string()).set(held as f64);
+    gauge!(VERSION_GAPS_OVERDUE, "consumer" => consumer.to_string()).set(overdue as f64);
 }

@@ -91,6 +91,72 @@ pub fn read(cfg: &VersionConfig, env: &Envelope) -> Result<Stamp, Rejection> {
     Ok(Stamp { aggregate, version })
 }
 
+/// What a handler may know about one event it is given under `[consumer.version]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned {
+    pub aggregate: String,
+    /// The version this event produces.
+    pub version: i64,
+    /// The aggregate's version just before this event (`None`: the aggregate has none yet). A
+    /// conditional write moves the row only from it: `... WHERE version = stored`.
+    pub stored: Option<i64>,
+}
+
+/// The [`Versioned`] facts of the events of one handler call, by message id (the helper Rust
+/// handlers use: [`crate::handler::BatchContext::version_of`]).
+#[derive(Debug, Clone, Default)]
+pub struct Versions {
+    by_id: HashMap<uuid::Uuid, Versioned>,
+}
+
+impl Versions {
+    pub fn insert(&mut self, id: uuid::Uuid, v: Versioned) {
+        self.by_id.insert(id, v);
+    }
+
+    pub fn get(&self, id: &uuid::Uuid) -> Option<&Versioned> {
+        self.by_id.get(id)
+    }
+}
+
+/// Counts of the events a batch acked without applying, by [`Verdict::reason`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skipped {
+    pub stale: u64,
+    pub duplicate: u64,
+    /// Gaps newly held (delta mode).
+    pub held: u64,
+    /// Held events applied because their missing version arrived.
+    pub released: u64,
+}
+
+impl Skipped {
+    pub fn add(&mut self, o: &Skipped) {
+        self.stale += o.stale;
+        self.duplicate += o.duplicate;
+        self.held += o.held;
+        self.released += o.released;
+    }
+
+    pub fn count(&mut self, v: Verdict) {
+        match v {
+            Verdict::Stale => self.stale += 1,
+            Verdict::Duplicate => self.duplicate += 1,
+            Verdict::Gap => self.held += 1,
+            Verdict::Apply { .. } => {}
+        }
+    }
+}
+
+/// The version an aggregate has just before `event` is applied in its round: in delta mode the
+/// one before it; in full-state mode the stored one (`stored` as read at the start).
+pub fn before(mode: VersionMode, stored: &HashMap<String, i64>, event: &Stamp) -> Option<i64> {
+    match mode {
+        VersionMode::Delta => Some(event.version - 1).filter(|v| *v >= 1),
+        VersionMode::FullState => stored.get(&event.aggregate).copied(),
+    }
+}
+
 /// What happens to one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {

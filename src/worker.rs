@@ -209,10 +209,20 @@ impl Worker {
             shutdown.child_token(),
         ));
         let names: Vec<String> = config.consumers.iter().map(|c| c.name.clone()).collect();
+        let versioned: Vec<(String, Duration)> = (config.consumers.iter())
+            .filter_map(|c| {
+                c.version
+                    .as_ref()
+                    .map(|v| (c.name.clone(), v.gap_alert_after))
+            })
+            .collect();
         tasks.spawn(sample_gauges(
             pg.clone(),
-            names,
-            inbox_names,
+            Sampled {
+                consumers: names,
+                inbox: inbox_names,
+                versioned,
+            },
             shutdown.child_token(),
         ));
         tracing::info!(worker = %worker_id, consumers = config.consumers.len(), "worker started");
@@ -305,17 +315,25 @@ async fn maintain_partitions(
 
 /// Gauges read from the database, off the hot path: inbox rows, dead letters waiting, the dedupe
 /// partitions' sizes and how far ahead they exist, and the pool's connections.
+/// Which consumers' database gauges are sampled.
+struct Sampled {
+    consumers: Vec<String>,
+    /// Inbox consumers.
+    inbox: Vec<String>,
+    /// Versioned consumers, with their `gap_alert_after`.
+    versioned: Vec<(String, Duration)>,
+}
+
 async fn sample_gauges(
     pool: deadpool_postgres::Pool,
-    consumers: Vec<String>,
-    inbox_consumers: Vec<String>,
+    sampled: Sampled,
     stop: CancellationToken,
 ) -> Result<(), TaskError> {
     loop {
         let status = pool.status();
         crate::metrics::pool(status.size - status.available, status.available);
         if let Ok(client) = pool.get().await {
-            if let Err(e) = sample_database(&client, &consumers, &inbox_consumers).await {
+            if let Err(e) = sample_database(&client, &sampled).await {
                 tracing::debug!(error = %e, "sampling database gauges failed");
             }
         }
@@ -328,11 +346,11 @@ async fn sample_gauges(
 
 async fn sample_database(
     client: &deadpool_postgres::Object,
-    consumers: &[String],
-    inbox_consumers: &[String],
+    sampled: &Sampled,
 ) -> Result<(), crate::store::StoreError> {
-    if !inbox_consumers.is_empty() {
-        for s in crate::store::inbox::status(&***client, inbox_consumers).await? {
+    let consumers = &sampled.consumers;
+    if !sampled.inbox.is_empty() {
+        for s in crate::store::inbox::status(&***client, &sampled.inbox).await? {
             crate::metrics::inbox_status(
                 &s.consumer,
                 s.pending,
@@ -341,6 +359,11 @@ async fn sample_database(
                 s.oldest_pending_s,
             );
         }
+    }
+    for (consumer, after) in &sampled.versioned {
+        let (held, overdue) =
+            crate::store::versions::held_and_overdue(&***client, consumer, *after).await?;
+        crate::metrics::version_gaps(consumer, held, overdue);
     }
     for (consumer, rows) in crate::store::dead_letters::count_all(&***client, consumers).await? {
         crate::metrics::dead_letters_waiting(&consumer, rows);

@@ -331,6 +331,7 @@ impl Sut {
             },
             partitions: Arc::clone(&self.known),
             cancel: CancellationToken::new(),
+            version: None,
         };
         (ctx, claim)
     }

@@ -197,6 +197,9 @@ pub struct ConsumerConfig {
     /// `[consumer.inbox]`, read when `strategy = "inbox"`.
     #[serde(default)]
     pub inbox: InboxConfig,
+    /// `[consumer.version]`: versioned writes (see `crate::version`). Off by default.
+    #[serde(default)]
+    pub version: Option<VersionConfig>,
 }
 
 fn default_message_id() -> MessageIdSource {
@@ -381,6 +384,18 @@ pub enum HandlerConfig {
     Sql { statement: String },
     /// A handler registered in Rust by a library user under this name.
     Custom { name: String },
+    /// The built-in versioned example: the last status of each order in `order_status_view`
+    /// (needs `[consumer.version]`).
+    #[serde(rename = "order-status")]
+    OrderStatus {
+        /// JSON pointer to the status in the payload.
+        #[serde(default = "default_status_pointer")]
+        status: String,
+    },
+}
+
+fn default_status_pointer() -> String {
+    "/status".into()
 }
 
 /// A connection string whose `Debug` and `Display` hide the password, so that `{:?}` of a whole
@@ -588,6 +603,15 @@ impl ConsumerConfig {
         }
         if self.strategy == Strategy::Inbox {
             p.extend(self.inbox.problems());
+        }
+        if let Some(v) = &self.version {
+            p.extend(v.problems());
+        }
+        if matches!(self.handler, HandlerConfig::OrderStatus { .. }) && self.version.is_none() {
+            p.push(
+                "handler kind \"order-status\" needs [consumer.version] (aggregate, version, mode)"
+                    .into(),
+            );
         }
         if self.partitions_ahead > 60 {
             p.push("partitions_ahead must be at most 60".into());

@@ -4,6 +4,7 @@
 //! register it by name in [`Registry`].
 
 pub mod cashback;
+pub mod order_status;
 pub mod sql;
 
 use std::collections::HashMap;
@@ -24,6 +25,20 @@ pub struct BatchContext<'a> {
     /// The batch's partition; `None` when it spans several (an inbox processor's round takes
     /// due rows of every partition at once). Each message carries its own in any case.
     pub partition: Option<i32>,
+    /// Under `[consumer.version]`: each message's aggregate, version, and the version stored
+    /// before it (see [`BatchContext::version_of`]).
+    pub versions: Option<&'a crate::version::Versions>,
+}
+
+impl BatchContext<'_> {
+    /// The version facts of `msg` (under `[consumer.version]`), for a conditional write:
+    /// `UPDATE ... SET ..., version = v.version WHERE id = v.aggregate AND version = v.stored`
+    /// (an insert when `stored` is `None`). The engine has already decided that `msg` applies;
+    /// the condition is the handler's own guard, and a row it does not move means the handler's
+    /// table and the engine's versions disagree.
+    pub fn version_of(&self, msg: &Envelope) -> Option<&crate::version::Versioned> {
+        self.versions.and_then(|v| v.get(&msg.message_id))
+    }
 }
 
 /// What the effect did.
@@ -148,6 +163,9 @@ impl Registry {
             HandlerConfig::Cashback { rate_bp } => Ok(Arc::new(cashback::Cashback::new(*rate_bp))),
             HandlerConfig::Sql { statement } => {
                 Ok(Arc::new(sql::SqlHandler::new(statement.clone())))
+            }
+            HandlerConfig::OrderStatus { status } => {
+                Ok(Arc::new(order_status::OrderStatus::new(status.clone())))
             }
             HandlerConfig::Custom { name } => self.custom.get(name).cloned().ok_or_else(|| {
                 format!("no custom handler named {name:?} is registered with this binary")

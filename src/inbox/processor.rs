@@ -21,14 +21,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use deadpool_postgres::{Pool, Transaction};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::{ClaimMode, ConsumerConfig, DoneRows};
-use crate::envelope::{parse_object, Envelope};
+use crate::envelope::Envelope;
 use crate::handler::{Applied, BatchContext, Handler, HandlerError};
 use crate::stats::Stats;
 use crate::store::inbox::{self as table, Claimed, Failure};
@@ -68,10 +67,20 @@ pub struct Round {
     /// Per topic: the applied messages' record timestamps (ms), effects, business duplicates;
     /// reported to the metrics once the round committed.
     pub by_topic: Vec<(String, Vec<i64>, Applied)>,
+    /// Under `[consumer.version]`: rows acked without applying them, and held gaps.
+    pub versions: crate::version::Skipped,
+}
+
+/// What [`Processors::apply_groups`] did with its rows (indexes, as given).
+#[derive(Debug, Default)]
+pub(super) struct Groups {
+    pub applied: Vec<usize>,
+    /// The rows that failed: whether no retry can fix it, and the error.
+    pub failed: Vec<(usize, bool, String)>,
 }
 
 /// How a round failed.
-enum RoundError {
+pub(super) enum RoundError {
     /// Nothing committed; try again after a backoff.
     Unavailable(String),
     Fatal(String),
@@ -221,6 +230,7 @@ impl Processors {
                 applied.business_duplicates,
             );
         }
+        crate::metrics::versions_skipped(&self.consumer, &round.versions);
         crate::metrics::inbox_round(
             &self.consumer,
             claim_took,
@@ -281,20 +291,13 @@ impl Processors {
         // Attempts including this one.
         let attempt_of = |c: &Claimed| c.attempts + count_attempt as i32;
         let mut failures: Vec<Failure> = Vec::new();
-        let mut fail = |c: &Claimed, permanent: bool, error: String| {
-            let attempt = attempt_of(c).max(1);
-            let failed = permanent || attempt as u32 >= retry.max_attempts;
-            failures.push(Failure {
-                message_id: c.message_id,
-                event_date: c.event_date,
-                failed,
-                delay_ms: backoff(retry, attempt as u32).as_millis() as i64,
-                error: if failed && !permanent {
-                    format!("{error} (after {attempt} attempt(s))")
-                } else {
-                    error
-                },
-            });
+        // A row that can never be applied (step 1): FAILED at once.
+        let parked = |c: &Claimed, error: String| Failure {
+            message_id: c.message_id,
+            event_date: c.event_date,
+            failed: true,
+            delay_ms: 0,
+            error,
         };
 
         // 1. Rebuild the messages; group them by topic, oldest first. One handler call per topic,
@@ -311,75 +314,55 @@ impl Processors {
                      the lease",
                     c.attempts - 1
                 );
-                fail(&c, true, why);
+                failures.push(parked(&c, why));
                 continue;
             }
             match self.envelope(&c) {
                 Ok(env) => groups.entry(c.topic.clone()).or_default().push((c, env)),
-                Err(why) => fail(&c, true, why),
+                Err(why) => failures.push(parked(&c, why)),
             }
         }
 
-        // 2, 3. Each group under a savepoint; a failing group one message at a time.
+        // 2, 3. Each group under a savepoint; a failing group one message at a time. Under
+        // `[consumer.version]`, round by round (see `super::versioned`).
+        let rows: Vec<(Claimed, Envelope)> = groups.into_values().flatten().collect();
         let mut done: Vec<(Uuid, chrono::NaiveDate)> = Vec::new();
-        for (topic, rows) in &groups {
-            let envs: Vec<&Envelope> = rows.iter().map(|(_, e)| e).collect();
-            let ctx = BatchContext {
-                consumer: &self.consumer,
-                topic,
-                partition: None,
-            };
-            let ts_ms = |rs: &[&(Claimed, Envelope)]| -> Vec<i64> {
-                rs.iter()
-                    .filter_map(|(_, e)| e.kafka_ts.map(|t| t.timestamp_millis()))
-                    .collect()
-            };
-            let mut applied_rows: Vec<&(Claimed, Envelope)> = Vec::new();
-            let mut sum = Applied::default();
-            match self.try_apply(tx, &ctx, &envs).await {
-                Ok(a) => {
-                    sum = a;
-                    applied_rows.extend(rows.iter());
-                }
-                Err(HandlerError::Fatal(t)) => return Err(RoundError::Fatal(t)),
-                Err(HandlerError::Unavailable(t)) => return Err(RoundError::Unavailable(t)),
-                // A group of one: its error is the row's, no second call.
-                Err(only) if rows.len() == 1 => {
-                    let (permanent, why) = row_error(only);
-                    fail(&rows[0].0, permanent, why)
-                }
-                Err(first) => {
-                    tracing::warn!(consumer = %self.consumer, topic, rows = rows.len(),
-                        error = %first, "inbox batch failed; applying its messages one by one");
-                    for row in rows {
-                        match self.try_apply(tx, &ctx, &[&row.1]).await {
-                            Ok(a) => {
-                                sum.effects += a.effects;
-                                sum.business_duplicates += a.business_duplicates;
-                                applied_rows.push(row);
-                            }
-                            Err(HandlerError::Fatal(t)) => return Err(RoundError::Fatal(t)),
-                            Err(HandlerError::Unavailable(t)) => {
-                                return Err(RoundError::Unavailable(t))
-                            }
-                            Err(e) => {
-                                let (permanent, why) = row_error(e);
-                                fail(&row.0, permanent, why)
-                            }
-                        }
-                    }
-                }
+        let failed = match &self.config.version {
+            Some(cfg) => {
+                let v = self.apply_versioned(cfg, tx, &rows, &mut round).await?;
+                done = v.done;
+                failures.extend(v.held_failures);
+                v.failed
             }
-            round.effects += sum.effects;
-            round.business_duplicates += sum.business_duplicates;
-            round
-                .by_topic
-                .push((topic.clone(), ts_ms(&applied_rows), sum));
-            done.extend(
-                applied_rows
-                    .iter()
-                    .map(|(c, _)| (c.message_id, c.event_date)),
-            );
+            None => {
+                let envs: Vec<&Envelope> = rows.iter().map(|(_, e)| e).collect();
+                let topics: Vec<&str> = rows.iter().map(|(c, _)| c.topic.as_str()).collect();
+                let all: Vec<usize> = (0..rows.len()).collect();
+                let out = self
+                    .apply_groups(tx, &envs, &topics, &all, None, &mut round)
+                    .await?;
+                done.extend(out.applied.iter().map(|&i| {
+                    let c = &rows[i].0;
+                    (c.message_id, c.event_date)
+                }));
+                out.failed
+            }
+        };
+        for (i, permanent, why) in failed {
+            let c = &rows[i].0;
+            let attempt = attempt_of(c).max(1);
+            let gave_up = permanent || attempt as u32 >= retry.max_attempts;
+            failures.push(Failure {
+                message_id: c.message_id,
+                event_date: c.event_date,
+                failed: gave_up,
+                delay_ms: backoff(retry, attempt as u32).as_millis() as i64,
+                error: if gave_up && !permanent {
+                    format!("{why} (after {attempt} attempt(s))")
+                } else {
+                    why
+                },
+            });
         }
 
         // 4. Marks.
@@ -401,9 +384,83 @@ impl Processors {
         Ok(round)
     }
 
+    /// Applies the rows `items` (indexes into `envs` and `topics`), one handler call per topic
+    /// under a savepoint; a failing group is applied one row at a time, each under its own
+    /// savepoint, so the failing rows are found and the rest applied. Adds the effects to
+    /// `round`. `versions`: the facts of a versioned round, for the handler and its view.
+    pub(super) async fn apply_groups(
+        &self,
+        tx: &Transaction<'_>,
+        envs: &[&Envelope],
+        topics: &[&str],
+        items: &[usize],
+        versions: Option<&crate::version::Versions>,
+        round: &mut Round,
+    ) -> Result<Groups, RoundError> {
+        let mut by_topic: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for &i in items {
+            by_topic.entry(topics[i]).or_default().push(i);
+        }
+        let mut out = Groups::default();
+        for (topic, rows) in &by_topic {
+            let ctx = BatchContext {
+                consumer: &self.consumer,
+                topic,
+                partition: None,
+                versions,
+            };
+            let group: Vec<&Envelope> = rows.iter().map(|&i| envs[i]).collect();
+            let mut applied: Vec<usize> = Vec::new();
+            let mut sum = Applied::default();
+            match self.try_apply(tx, &ctx, &group).await {
+                Ok(a) => {
+                    sum = a;
+                    applied.extend(rows);
+                }
+                Err(HandlerError::Fatal(t)) => return Err(RoundError::Fatal(t)),
+                Err(HandlerError::Unavailable(t)) => return Err(RoundError::Unavailable(t)),
+                // A group of one: its error is the row's, no second call.
+                Err(only) if rows.len() == 1 => {
+                    let (permanent, why) = row_error(only);
+                    out.failed.push((rows[0], permanent, why));
+                }
+                Err(first) => {
+                    tracing::warn!(consumer = %self.consumer, topic, rows = rows.len(),
+                        error = %first, "inbox batch failed; applying its messages one by one");
+                    for &i in rows {
+                        match self.try_apply(tx, &ctx, &[envs[i]]).await {
+                            Ok(a) => {
+                                sum.effects += a.effects;
+                                sum.business_duplicates += a.business_duplicates;
+                                applied.push(i);
+                            }
+                            Err(HandlerError::Fatal(t)) => return Err(RoundError::Fatal(t)),
+                            Err(HandlerError::Unavailable(t)) => {
+                                return Err(RoundError::Unavailable(t))
+                            }
+                            Err(e) => {
+                                let (permanent, why) = row_error(e);
+                                out.failed.push((i, permanent, why));
+                            }
+                        }
+                    }
+                }
+            }
+            round.effects += sum.effects;
+            round.business_duplicates += sum.business_duplicates;
+            let ts_ms = applied
+                .iter()
+                .filter_map(|&i| envs[i].kafka_ts.map(|t| t.timestamp_millis()))
+                .collect();
+            round.by_topic.push((topic.to_string(), ts_ms, sum));
+            out.applied.extend(applied);
+        }
+        Ok(out)
+    }
+
     /// The handler over `envs` under a savepoint: released on success, rolled back on failure
     /// (the transaction stays usable).
-    async fn try_apply(
+    pub(super) async fn try_apply(
         &self,
         tx: &Transaction<'_>,
         ctx: &BatchContext<'_>,
@@ -414,7 +471,7 @@ impl Processors {
             if self.handler.stages_payload() {
                 // The previous group's rows, if any, must not show in this group's view.
                 tx.batch_execute("DELETE FROM staged_messages").await?;
-                copy::stage(tx, envs, true, true)
+                copy::stage(tx, envs, true, true, ctx.versions)
                     .await
                     .map_err(|e| match e {
                         StoreError::Postgres(pg) => HandlerError::from(pg),
@@ -439,23 +496,17 @@ impl Processors {
 
     /// The message as the handler sees it, from the stored row; or why it can never be applied.
     fn envelope(&self, c: &Claimed) -> Result<Envelope, String> {
-        let payload = Bytes::copy_from_slice(&c.payload);
-        let json = if self.handler.needs_json() {
-            Some(parse_object(&payload).map_err(|r| r.to_string())?)
-        } else {
-            None
-        };
-        let env = Envelope {
-            partition: c.partition,
-            offset: c.offset,
-            message_id: c.message_id,
-            event_date: c.event_date,
-            kafka_ts: c.kafka_ts,
-            size: c.key.as_ref().map_or(0, |k| k.len()) + payload.len(),
-            key: c.key.as_deref().map(Bytes::copy_from_slice),
-            payload,
-            json,
-        };
+        let env = Envelope::from_stored(
+            c.partition,
+            c.offset,
+            c.message_id,
+            c.event_date,
+            c.kafka_ts,
+            c.key.as_deref(),
+            &c.payload,
+            self.handler.needs_json() || self.config.version.is_some(),
+        )
+        .map_err(|r| r.to_string())?;
         self.handler.check(&env).map_err(|r| r.to_string())?;
         Ok(env)
     }

@@ -296,7 +296,7 @@ impl Source {
             &self.config.message_id,
             &self.config.event_date,
             self.config.max_payload_bytes,
-            self.handler.needs_json(),
+            self.handler.needs_json() || self.config.version.is_some(),
         ));
         let (exit_tx, mut exits) = mpsc::unbounded_channel::<(TopicPartition, Exit)>();
         let mut running: HashMap<TopicPartition, Running> = HashMap::new();
@@ -448,6 +448,7 @@ impl Source {
                 retry: self.config.retry.clone(),
                 partitions: Arc::clone(&self.partitions),
                 cancel: cancel.clone(),
+                version: self.config.version.clone().map(Arc::new),
             },
             queue,
             consumer: Arc::clone(consumer),

@@ -12,6 +12,7 @@ use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 
 use super::StoreError;
 use crate::envelope::Envelope;
+use crate::version::Versions;
 
 /// Run once per connection. `fresh` is set by the dedupe insert for the rows it inserted.
 /// `staged_inbox` is the inbox receiver's staging table (see [`crate::store::inbox`]).
@@ -25,7 +26,10 @@ CREATE TEMP TABLE IF NOT EXISTS staged_messages (
     kafka_ts   timestamptz,
     key        bytea,
     payload    jsonb,
-    fresh      boolean     NOT NULL DEFAULT false
+    fresh      boolean     NOT NULL DEFAULT false,
+    aggregate  text,
+    version    bigint,
+    stored_version bigint
 ) ON COMMIT DELETE ROWS;
 CREATE TEMP TABLE IF NOT EXISTS staged_inbox (
     message_id    uuid        NOT NULL,
@@ -40,13 +44,14 @@ CREATE TEMP TABLE IF NOT EXISTS staged_inbox (
     payload       bytea       NOT NULL
 ) ON COMMIT DELETE ROWS;
 CREATE OR REPLACE TEMP VIEW fresh_messages AS
-    SELECT seq, message_id, event_date, partition, \"offset\", kafka_ts, key, payload
+    SELECT seq, message_id, event_date, partition, \"offset\", kafka_ts, key, payload,
+           aggregate, version, stored_version
     FROM staged_messages WHERE fresh;";
 
-const COPY_IN: &str = "COPY staged_messages \
-    (seq, message_id, event_date, partition, \"offset\", kafka_ts, key, payload, fresh) FROM STDIN BINARY";
+const COPY_IN: &str = "COPY staged_messages (seq, message_id, event_date, partition, \"offset\", \
+    kafka_ts, key, payload, fresh, aggregate, version, stored_version) FROM STDIN BINARY";
 
-const TYPES: [Type; 9] = [
+const TYPES: [Type; 12] = [
     Type::INT4,
     Type::UUID,
     Type::DATE,
@@ -56,6 +61,9 @@ const TYPES: [Type; 9] = [
     Type::BYTEA,
     Type::JSONB,
     Type::BOOL,
+    Type::TEXT,
+    Type::INT8,
+    Type::INT8,
 ];
 
 /// A payload already validated as JSON, sent as `jsonb` without re-serialising it
@@ -84,14 +92,16 @@ impl ToSql for RawJson<'_> {
 /// Copies `rows` into `staged_messages`; `seq` is the index into `rows`. The payload column is
 /// filled only when `with_payload` (a handler that reads it in SQL); otherwise it stays NULL and
 /// costs nothing. `fresh` is the rows' initial mark: `false` when the dedupe insert decides,
-/// `true` when the caller already inserted the key (the per-message strategy).
+/// `true` when the caller already inserted the key (the per-message strategy). `versions`
+/// (under `[consumer.version]`) fills the view's `aggregate`, `version` and `stored_version`.
 pub async fn stage(
     tx: &Transaction<'_>,
     rows: &[&Envelope],
     with_payload: bool,
     fresh: bool,
+    versions: Option<&Versions>,
 ) -> Result<(), StoreError> {
-    send(tx, COPY_IN, encode(rows, with_payload, fresh)).await
+    send(tx, COPY_IN, encode(rows, with_payload, fresh, versions)).await
 }
 
 /// Runs `copy_in` (a `COPY ... FROM STDIN BINARY`) with `data`, a whole binary COPY stream.
@@ -114,13 +124,22 @@ pub(crate) async fn send(
 
 /// The whole batch in PostgreSQL's binary `COPY` format, in one buffer: one write to the
 /// connection instead of one await per row.
-pub fn encode(rows: &[&Envelope], with_payload: bool, fresh: bool) -> Bytes {
+pub fn encode(
+    rows: &[&Envelope],
+    with_payload: bool,
+    fresh: bool,
+    versions: Option<&Versions>,
+) -> Bytes {
     let mut buf =
         BytesMut::with_capacity(32 + rows.len() * (80 + if with_payload { 256 } else { 0 }));
     put_header(&mut buf);
     for (seq, env) in rows.iter().enumerate() {
         let payload = with_payload.then_some(RawJson(&env.payload));
         let key = env.key.as_deref();
+        let v = versions.and_then(|vs| vs.get(&env.message_id));
+        let aggregate = v.map(|v| v.aggregate.as_str());
+        let version = v.map(|v| v.version);
+        let stored = v.and_then(|v| v.stored);
         put_row(
             &mut buf,
             &[
@@ -133,6 +152,9 @@ pub fn encode(rows: &[&Envelope], with_payload: bool, fresh: bool) -> Bytes {
                 (&key, &TYPES[6]),
                 (&payload, &TYPES[7]),
                 (&fresh, &TYPES[8]),
+                (&aggregate, &TYPES[9]),
+                (&version, &TYPES[10]),
+                (&stored, &TYPES[11]),
             ],
         );
     }
@@ -189,16 +211,17 @@ mod tests {
             json: None,
             size: 2,
         };
-        let b = encode(&[&env, &env], false, false);
+        let b = encode(&[&env, &env], false, false, None);
         assert!(b.starts_with(b"PGCOPY\n\xff\r\n\0"));
         assert_eq!(&b[b.len() - 2..], &(-1i16).to_be_bytes());
         // header 19; per row: field count 2 + 9 length words 36 + int4 4 + uuid 16 + date 4 +
-        // int4 4 + int8 8 + bool 1 (kafka_ts, key and payload NULL) = 75; trailer 2.
-        assert_eq!(b.len(), 19 + 2 * 75 + 2);
-        let with_payload = encode(&[&env], true, true);
+        // int4 4 + int8 8 + bool 1 (kafka_ts, key, payload and the three version columns NULL)
+        // plus 3 more length words 12 = 87; trailer 2.
+        assert_eq!(b.len(), 19 + 2 * 87 + 2);
+        let with_payload = encode(&[&env], true, true, None);
         assert_eq!(
             with_payload.len(),
-            19 + 75 + 3 + 2,
+            19 + 87 + 3 + 2,
             "jsonb: version byte + 2 bytes"
         );
     }

@@ -98,7 +98,8 @@ pub async fn receive(
     rows: &[Incoming<'_>],
     record_keys: bool,
 ) -> Result<u64, StoreError> {
-    copy::send(tx, COPY_IN, encode(rows)).await?;
+    let refs: Vec<&Incoming<'_>> = rows.iter().collect();
+    stage(tx, &refs).await?;
     let sql = if record_keys {
         RECEIVE_DELETE
     } else {
@@ -108,7 +109,12 @@ pub async fn receive(
     Ok(tx.execute(&stmt, &[&consumer, &topic]).await?)
 }
 
-fn encode(rows: &[Incoming<'_>]) -> bytes::Bytes {
+/// Copies `rows` into the session's `staged_inbox`.
+pub async fn stage(tx: &Transaction<'_>, rows: &[&Incoming<'_>]) -> Result<(), StoreError> {
+    copy::send(tx, COPY_IN, encode(rows)).await
+}
+
+fn encode(rows: &[&Incoming<'_>]) -> bytes::Bytes {
     let payload_bytes: usize = rows.iter().map(|r| r.env.size).sum();
     let mut buf = BytesMut::with_capacity(32 + rows.len() * 128 + payload_bytes);
     copy::put_header(&mut buf);
@@ -687,6 +693,8 @@ pub struct Status {
     pub due: i64,
     pub in_progress: i64,
     pub failed: i64,
+    /// Events held behind a missing version (`[consumer.version]`, delta mode).
+    pub held: i64,
     /// Age of the oldest PENDING row, in seconds (0 when there is none).
     pub oldest_pending_s: f64,
 }
@@ -697,11 +705,12 @@ SELECT c.consumer,
        count(i.*) FILTER (WHERE i.status = 'PENDING' AND i.next_attempt_at <= now()),
        count(i.*) FILTER (WHERE i.status = 'IN_PROGRESS'),
        count(i.*) FILTER (WHERE i.status = 'FAILED'),
+       count(i.*) FILTER (WHERE i.status = 'HELD'),
        coalesce(extract(epoch FROM now() - min(i.received_at)
                         FILTER (WHERE i.status = 'PENDING')), 0)::float8
 FROM unnest($1::text[]) AS c(consumer)
 LEFT JOIN inbox i ON i.consumer = c.consumer
-                 AND i.status IN ('PENDING', 'IN_PROGRESS', 'FAILED')
+                 AND i.status IN ('PENDING', 'IN_PROGRESS', 'FAILED', 'HELD')
 GROUP BY c.consumer ORDER BY c.consumer";
 
 /// The inbox status of each of `consumers` (a consumer with no rows shows zeros).
@@ -718,7 +727,8 @@ pub async fn status<C: GenericClient + Sync>(
             due: r.get(2),
             in_progress: r.get(3),
             failed: r.get(4),
-            oldest_pending_s: r.get(5),
+            held: r.get(5),
+            oldest_pending_s: r.get(6),
         })
         .collect())
 }

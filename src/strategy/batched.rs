@@ -17,10 +17,10 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::segments::{drive, Body, BodyOutcome, Shape};
-use super::{AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
+use super::{versioned, AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
 use crate::batch::{Batch, Raw};
 use crate::envelope::Envelope;
-use crate::handler::{BatchContext, HandlerError};
+use crate::handler::BatchContext;
 use crate::store::{copy, dedupe};
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -51,11 +51,11 @@ impl Body for StageAndDedupe {
         ctx: &PartitionCtx,
         tx: &Transaction<'_>,
         candidates: &[&Envelope],
-        _raws: &[&Raw],
+        raws: &[&Raw],
     ) -> Result<BodyOutcome, AttemptError> {
         let set_based = ctx.handler.stages_payload();
         let t0 = Instant::now();
-        copy::stage(tx, candidates, set_based, false).await?;
+        copy::stage(tx, candidates, set_based, false, None).await?;
         let t1 = Instant::now();
         let fresh_seq = dedupe::insert_staged(tx, &ctx.consumer, candidates, set_based).await?;
         let t2 = Instant::now();
@@ -74,12 +74,29 @@ impl Body for StageAndDedupe {
         if fresh.is_empty() {
             return Ok(out);
         }
-        let bctx = BatchContext {
-            consumer: &ctx.consumer,
-            topic: &ctx.topic,
-            partition: Some(ctx.partition),
+        let applied = match &ctx.version {
+            Some(cfg) => {
+                let fresh_raws: Vec<&Raw> = fresh_seq.iter().map(|&s| raws[s]).collect();
+                versioned::apply(ctx, cfg, tx, &fresh, &fresh_raws)
+                    .await
+                    .map(|e| {
+                        out.versions = e.skipped;
+                        e.applied
+                    })
+            }
+            None => {
+                let bctx = BatchContext {
+                    consumer: &ctx.consumer,
+                    topic: &ctx.topic,
+                    partition: Some(ctx.partition),
+                    versions: None,
+                };
+                ctx.handler
+                    .apply(tx, &bctx, &fresh)
+                    .await
+                    .map_err(Into::into)
+            }
         };
-        let applied = ctx.handler.apply(tx, &bctx, &fresh).await;
         out.effect = t2.elapsed();
         match applied {
             Ok(applied) => {
@@ -88,12 +105,12 @@ impl Body for StageAndDedupe {
                 Ok(out)
             }
             // The handler names fresh messages; the driver wants candidates.
-            Err(HandlerError::Reject(list)) => Err(AttemptError::Reject(
+            Err(AttemptError::Reject(list)) => Err(AttemptError::Reject(
                 list.into_iter()
                     .map(|(f, why)| (fresh_seq[f], why))
                     .collect(),
             )),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(e),
         }
     }
 }

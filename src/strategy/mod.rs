@@ -7,6 +7,7 @@ pub mod batched;
 pub mod inbox;
 pub mod per_message;
 mod segments;
+pub(crate) mod versioned;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +39,8 @@ pub struct PartitionCtx {
     /// backoff gives up at once (nothing is in flight then, and the next owner resumes from the
     /// stored offset).
     pub cancel: CancellationToken,
+    /// `[consumer.version]`, when the consumer has versioned writes.
+    pub version: Option<Arc<crate::config::VersionConfig>>,
 }
 
 /// Time spent in each phase of the batch transactions (summed over a batch's transactions).
@@ -83,6 +86,8 @@ pub struct Outcome {
     /// PostgreSQL commits.
     pub commits: u64,
     pub phases: Phases,
+    /// Under `[consumer.version]`: events acked without applying them, and held gaps.
+    pub versions: crate::version::Skipped,
 }
 
 impl Outcome {
@@ -96,6 +101,7 @@ impl Outcome {
         self.retries += other.retries;
         self.commits += other.commits;
         self.phases.add(&other.phases);
+        self.versions.add(&other.versions);
     }
 }
 

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
 use super::segments::{drive, Body, BodyOutcome, Shape};
-use super::{AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
+use super::{versioned, AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
 use crate::batch::{Batch, Raw};
 use crate::envelope::Envelope;
 use crate::handler::BatchContext;
@@ -49,11 +49,11 @@ impl Body for KeyFirst {
         ctx: &PartitionCtx,
         tx: &Transaction<'_>,
         candidates: &[&Envelope],
-        _raws: &[&Raw],
+        raws: &[&Raw],
     ) -> Result<BodyOutcome, AttemptError> {
         let mut out = BodyOutcome::default();
         // Segments of one record: exactly one candidate.
-        for msg in candidates {
+        for (msg, raw) in candidates.iter().zip(raws) {
             let t0 = Instant::now();
             let fresh =
                 dedupe::insert_one(tx, &ctx.consumer, &msg.message_id, &msg.event_date).await?;
@@ -65,15 +65,25 @@ impl Body for KeyFirst {
             out.fresh += 1;
             out.fresh_ts_ms
                 .extend(msg.kafka_ts.map(|t| t.timestamp_millis()));
+            if let Some(cfg) = &ctx.version {
+                let t2 = Instant::now();
+                let e = versioned::apply(ctx, cfg, tx, &[*msg], &[*raw]).await?;
+                out.effect += t2.elapsed();
+                out.effects += e.applied.effects;
+                out.business_duplicates += e.applied.business_duplicates;
+                out.versions.add(&e.skipped);
+                continue;
+            }
             let t1 = Instant::now();
             if ctx.handler.stages_payload() {
-                copy::stage(tx, &[*msg], true, true).await?;
+                copy::stage(tx, &[*msg], true, true, None).await?;
             }
             out.stage += t1.elapsed();
             let bctx = BatchContext {
                 consumer: &ctx.consumer,
                 topic: &ctx.topic,
                 partition: Some(ctx.partition),
+                versions: None,
             };
             let t2 = Instant::now();
             let applied = ctx.handler.apply(tx, &bctx, &[*msg]).await?;

@@ -39,6 +39,7 @@ pub(crate) struct BodyOutcome {
     pub effects: u64,
     pub duplicates: u64,
     pub business_duplicates: u64,
+    pub versions: crate::version::Skipped,
 }
 
 /// The part of the transaction that differs between strategies: dedupe and effect.
@@ -278,6 +279,7 @@ async fn attempt(
         commit: committing.elapsed(),
     };
     crate::metrics::effects_committed(&ctx.consumer, &ctx.topic, &body_out.fresh_ts_ms);
+    crate::metrics::versions_skipped(&ctx.consumer, &body_out.versions);
 
     for p in &parked {
         tracing::warn!(consumer = %ctx.consumer, topic = p.topic, partition = p.partition,
@@ -293,5 +295,6 @@ async fn attempt(
         retries: 0,
         commits: 0,
         phases,
+        versions: body_out.versions,
     })
 }
