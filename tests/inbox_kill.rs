@@ -176,8 +176,8 @@ lease = "3s"
     let status = cli(&["status"]);
     let line = status.lines().find(|l| l.starts_with(&consumer)).unwrap();
     let fields: Vec<&str> = line.split_whitespace().collect();
-    // consumer, pending, due, in_progress, failed, oldest pending age
-    assert_eq!(fields[1..], ["0", "0", "0", "0", "0s"], "{status}");
+    // consumer, pending, due, in_progress, failed, held, oldest pending age
+    assert_eq!(fields[1..], ["0", "0", "0", "0", "0", "0s"], "{status}");
     let replayed = cli(&["replay", "--consumer", &consumer, "--failed"]);
     assert!(replayed.starts_with("0 row(s)"), "{replayed}");
     let term = Command::new("kill")

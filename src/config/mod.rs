@@ -1022,4 +1022,28 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn version_section_is_read_and_checked() {
+        let orders = "[[consumer]]\nname = \"orders\"\ntopics = [\"o\"]\n\
+                      handler = { kind = \"order-status\" }\n";
+        let msg = invalid(orders);
+        assert!(msg.contains("needs [consumer.version]"), "{msg}");
+        let text = format!(
+            "{orders}[consumer.version]\naggregate = \"/order_id\"\nversion = \"/version\"\n\
+             mode = \"delta\"\n"
+        );
+        let c = consumer(&text);
+        let v = c.version.expect("read");
+        assert_eq!((v.mode, v.gap_alert_after), (VersionMode::Delta, 300 * SEC));
+        assert!(
+            matches!(c.handler, HandlerConfig::OrderStatus { ref status } if status == "/status")
+        );
+        let msg = invalid(&text.replace("\"/order_id\"", "\"order_id\""));
+        assert!(
+            msg.contains("version.aggregate must be a JSON pointer"),
+            "{msg}"
+        );
+        assert!(consumer(MINIMAL).version.is_none());
+    }
 }

@@ -135,8 +135,9 @@ async fn run_locked(
         let open = open_inbox_rows(client, *date).await?;
         if open > 0 {
             tracing::error!(%date, open, "not dropping the partitions of a day past retention: \
-                its inbox still holds PENDING, IN_PROGRESS or FAILED rows (process, replay or \
-                delete them; see `effectively inbox status`)");
+                its inbox still holds PENDING, IN_PROGRESS, FAILED or HELD rows (process, replay \
+                or delete them, or fill the versions HELD rows wait for; see `effectively inbox \
+                status`)");
             continue;
         }
         drop_partition(client, *date).await?;
