@@ -135,10 +135,7 @@ fn not_applicable(name: &str, args: &ChaosArgs) -> Option<&'static str> {
 }
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
-    let bin = match &args.effectively {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("effectively"),
-    };
+    let bin = Worker::binary(args.effectively.as_deref())?;
     std::fs::create_dir_all(&args.out)?;
     let explicit = !args.scenarios.is_empty();
     let names: Vec<&str> = if explicit {
@@ -214,7 +211,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
 }
 
 /// A worker process.
-struct Proc {
+pub(crate) struct Proc {
     child: tokio::process::Child,
 }
 
@@ -231,7 +228,7 @@ impl Proc {
         }
     }
 
-    async fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         self.signal("TERM");
         let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
@@ -243,13 +240,13 @@ impl Proc {
         Ok(())
     }
 
-    async fn kill(mut self) {
+    pub(crate) async fn kill(mut self) {
         self.signal("KILL");
         let _ = self.child.wait().await;
     }
 
     /// Waits for the process to die on its own (a failpoint), up to `secs`.
-    async fn exited(&mut self, secs: u64) -> bool {
+    pub(crate) async fn exited(&mut self, secs: u64) -> bool {
         tokio::time::timeout(Duration::from_secs(secs), self.child.wait())
             .await
             .is_ok()
@@ -279,20 +276,53 @@ impl Env<'_> {
 
     fn start_with(&mut self, config: &Path, failpoints: Option<&str>) -> anyhow::Result<Proc> {
         self.workers += 1;
-        let log = std::fs::File::create(
-            self.args
-                .out
-                .join(format!("{}-w{}.log", self.name, self.workers)),
-        )?;
+        let id = format!("{}-w{}", self.name, self.workers);
+        let worker = Worker {
+            bin: self.bin,
+            brokers: &self.args.brokers,
+            database_url: &self.database_url,
+        };
+        worker.start(
+            config,
+            &id,
+            &self.args.out.join(format!("{id}.log")),
+            failpoints,
+        )
+    }
+}
+
+/// How to start worker processes of the engine: its binary and the stack they connect to.
+pub(crate) struct Worker<'a> {
+    pub bin: &'a Path,
+    pub brokers: &'a str,
+    pub database_url: &'a str,
+}
+
+impl Worker<'_> {
+    /// The engine's binary: `explicit`, or the one next to this one.
+    pub(crate) fn binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+        Ok(match explicit {
+            Some(p) => p.to_path_buf(),
+            None => std::env::current_exe()?.with_file_name("effectively"),
+        })
+    }
+
+    /// `effectively run --config <config>` as worker `id` (its stderr in `log`), with these
+    /// failpoints armed if any.
+    pub(crate) fn start(
+        &self,
+        config: &Path,
+        id: &str,
+        log: &Path,
+        failpoints: Option<&str>,
+    ) -> anyhow::Result<Proc> {
+        let log = std::fs::File::create(log)?;
         let mut cmd = tokio::process::Command::new(self.bin);
         cmd.args(["run", "--metrics-addr", "off", "--config"])
             .arg(config)
-            .env("KAFKA_BROKERS", &self.args.brokers)
-            .env("DATABASE_URL", &self.database_url)
-            .env(
-                "EFFECTIVELY_WORKER_ID",
-                format!("{}-w{}", self.name, self.workers),
-            )
+            .env("KAFKA_BROKERS", self.brokers)
+            .env("DATABASE_URL", self.database_url)
+            .env("EFFECTIVELY_WORKER_ID", id)
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true);
@@ -395,15 +425,23 @@ async fn stack(cmd: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The worker config of a scenario: `processors` only matters under `--strategy inbox`.
-fn worker_config(args: &ChaosArgs, topic: &str, pool_size: usize, processors: usize) -> String {
-    let mut text = format!(
+/// The worker-wide part of a worker config, before its `[[consumer]]`: a short session timeout
+/// (6 s) and revoke deadline (3 s), so that a killed worker's partitions move on quickly.
+pub(crate) fn worker_settings(pool_size: usize) -> String {
+    format!(
         "[kafka]\nsession_timeout = \"6s\"\n[kafka.options]\n\"heartbeat.interval.ms\" = \"500\"\n\
          [database]\npool_size = {pool_size}\nidle_in_transaction_timeout = \"5s\"\n\
-         [worker]\nrevoke_deadline = \"3s\"\n\
-         [[consumer]]\nname = \"{topic}\"\ntopics = [\"{topic}\"]\nhandler = {{ kind = \"cashback\" }}\n\
+         [worker]\nrevoke_deadline = \"3s\"\n"
+    )
+}
+
+/// The worker config of a scenario: `processors` only matters under `--strategy inbox`.
+fn worker_config(args: &ChaosArgs, topic: &str, pool_size: usize, processors: usize) -> String {
+    let mut text = worker_settings(pool_size);
+    text.push_str(&format!(
+        "[[consumer]]\nname = \"{topic}\"\ntopics = [\"{topic}\"]\nhandler = {{ kind = \"cashback\" }}\n\
          batch = {{ max_messages = 200 }}\nretry = {{ initial_backoff = \"50ms\", max_backoff = \"1s\" }}\n"
-    );
+    ));
     if args.inbox() {
         text.push_str(&format!(
             "strategy = \"inbox\"\n[consumer.inbox]\nprocessors = {processors}\n"

@@ -6,6 +6,7 @@
 
 mod bench;
 mod chaos;
+mod orders;
 mod produce;
 mod report;
 mod verify;
@@ -113,6 +114,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// `make chaos`: fault-injection scenarios, each verified exactly-once.
     Chaos(chaos::ChaosArgs),
+    /// An order-status stream with out-of-order versions, stale copies and duplicates into
+    /// an `order-status` consumer: every order must end at its newest version, never going back.
+    Orders(orders::OrdersArgs),
 }
 
 #[tokio::main]
@@ -122,6 +126,7 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Some(Command::Bench(b)) => bench::run(b).await,
         Some(Command::Chaos(c)) => chaos::run(c).await,
+        Some(Command::Orders(o)) => orders::run(o).await,
         None => run(cli.run).await,
     };
     match result {
@@ -190,13 +195,29 @@ pub struct Session {
 
 impl Session {
     pub async fn open(spec: &Spec) -> anyhow::Result<Session> {
-        let (db, conn) = tokio_postgres::connect(&spec.database_url, tokio_postgres::NoTls)
+        Session::connect(
+            &spec.brokers,
+            &spec.database_url,
+            &spec.topic,
+            spec.partitions,
+        )
+        .await
+    }
+
+    /// Connects to both services, creating `topic` with `partitions` if it is missing.
+    pub async fn connect(
+        brokers: &str,
+        database_url: &str,
+        topic: &str,
+        partitions: i32,
+    ) -> anyhow::Result<Session> {
+        let (db, conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls)
             .await
             .context("connecting to PostgreSQL for verification")?;
         tokio::spawn(conn);
-        ensure_topic(&spec.brokers, &spec.topic, spec.partitions).await?;
+        ensure_topic(brokers, topic, partitions).await?;
         let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &spec.brokers)
+            .set("bootstrap.servers", brokers)
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
             .set("queue.buffering.max.messages", "1000000")
@@ -205,8 +226,72 @@ impl Session {
         Ok(Session {
             db: Arc::new(db),
             producer,
-            watcher: LagWatcher::new(&spec.brokers, &spec.topic, spec.partitions)?,
+            watcher: LagWatcher::new(brokers, topic, partitions)?,
         })
+    }
+
+    /// Waits up to `timeout` for `consumer` to drain the topic (PostgreSQL's stored offsets
+    /// at the partitions' ends) and then, for an inbox consumer, for its processors to finish
+    /// every stored row: the inbox moves the offsets as soon as a message is stored, and its
+    /// effect comes when a processor applies the row.
+    pub async fn drain(&self, consumer: &str, timeout: Duration) -> Drain {
+        let start = Instant::now();
+        let drained = loop {
+            match self.watcher.lag(&self.db, consumer).await {
+                Ok(0) => break true,
+                Ok(_) | Err(_) if start.elapsed() > timeout => break false,
+                _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        };
+        let mut open = Some(0);
+        if drained {
+            loop {
+                open = verify::inbox_open(&self.db, consumer).await.ok();
+                if open == Some(0) || start.elapsed() > timeout {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        Drain {
+            consumer: consumer.to_string(),
+            timeout,
+            drained,
+            open,
+        }
+    }
+}
+
+/// How [`Session::drain`] ended.
+pub struct Drain {
+    consumer: String,
+    timeout: Duration,
+    /// The stored offsets reached the partitions' ends.
+    pub drained: bool,
+    /// The consumer's PENDING or IN_PROGRESS inbox rows left (None: PostgreSQL did not answer).
+    pub open: Option<i64>,
+}
+
+impl Drain {
+    /// What was not done in time, if anything.
+    pub fn problem(&self) -> Option<String> {
+        if !self.drained {
+            Some(format!(
+                "the engine did not drain the topic within {:?}",
+                self.timeout
+            ))
+        } else if self.open != Some(0) {
+            Some(format!(
+                "{} rows of consumer {:?} still PENDING or IN_PROGRESS in its inbox after {:?}",
+                self.open
+                    .map_or("unknown (PostgreSQL did not answer)".into(), |n| n
+                        .to_string()),
+                self.consumer,
+                self.timeout
+            ))
+        } else {
+            None
+        }
     }
 }
 
@@ -344,39 +429,10 @@ pub async fn finish_stage(
     spec: &Spec,
     produced: &Produced,
 ) -> anyhow::Result<Report> {
-    let drain_start = Instant::now();
-    let drained = loop {
-        match session.watcher.lag(&session.db, &spec.consumer).await {
-            Ok(0) => break true,
-            Ok(_) | Err(_) if drain_start.elapsed() > spec.drain_timeout => break false,
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    };
-    // The inbox strategy moves the offsets as soon as a message is stored; its effect comes
-    // when a processor applies the row. Wait for those too (none for other strategies).
-    let mut open = Some(0);
-    if drained {
-        loop {
-            open = verify::inbox_open(&session.db, &spec.consumer).await.ok();
-            if open == Some(0) || drain_start.elapsed() > spec.drain_timeout {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
+    let drain = session.drain(&spec.consumer, spec.drain_timeout).await;
     produced.sampler.abort();
-    if !drained {
-        eprintln!(
-            "loadgen: the engine did not drain the topic within {:?}",
-            spec.drain_timeout
-        );
-    } else if open != Some(0) {
-        eprintln!(
-            "loadgen: {} rows of consumer {:?} still PENDING or IN_PROGRESS in its inbox after {:?}",
-            open.map_or("unknown (PostgreSQL did not answer)".into(), |n| n.to_string()),
-            spec.consumer,
-            spec.drain_timeout
-        );
+    if let Some(problem) = drain.problem() {
+        eprintln!("loadgen: {problem}");
     }
     let expected = verify::Expected::from_log(&produced.log, spec.rate_bp);
     let (observed, latencies) = verify::observe(
