@@ -451,6 +451,14 @@ pub fn inbox_status(consumer: &str, pending: i64, in_progress: i64, failed: i64,
     gauge!(INBOX_OLDEST_PENDING_AGE, "consumer" => c).set(oldest_s);
 }
 
+/// Publishes a versioned consumer's counters at 0, so that `increase()` sees its first events.
+pub fn version_consumer(consumer: &str) {
+    for reason in ["stale", "duplicate", "held", "released"] {
+        counter!(VERSION_SKIPPED, "consumer" => consumer.to_string(), "reason" => reason)
+            .increment(0);
+    }
+}
+
 /// Versioned events of a committed transaction that changed nothing or were held.
 pub fn versions_skipped(consumer: &str, s: &crate::version::Skipped) {
     for (reason, n) in [

@@ -130,6 +130,9 @@ impl Worker {
                     consumer: c.name.clone(),
                     reason: e.to_string(),
                 })?;
+            if c.version.is_some() {
+                crate::metrics::version_consumer(&c.name);
+            }
             let s = Arc::new(Stats::default());
             let strategy: Arc<dyn Strategy> = match c.strategy {
                 StrategyKind::Batch => Arc::new(Batched),

@@ -353,28 +353,75 @@ async fn set_up() -> Fixture {
     })
     .await;
 
+    // A fourth, versioned (delta): version 1 applied, 3 held behind the missing 2, and a copy
+    // of 1 under a new event id acked as a duplicate.
+    let versioned_consumer = common::unique("metrics-versioned");
+    let versioned_topic = common::unique("metrics-versioned");
+    common::create_topic(&versioned_topic, 1).await;
+    let versioned = common::start(common::config(
+        &versioned_consumer,
+        &versioned_topic,
+        r#"{ kind = "order-status" }"#,
+        "[consumer.version]\naggregate = \"/order_id\"\nversion = \"/version\"\nmode = \"delta\"",
+    ))
+    .await;
+    let order = common::unique("metrics-order");
+    let status = |v: i64| {
+        (
+            Some(uuid::Uuid::now_v7().to_string()),
+            serde_json::to_vec(
+                &serde_json::json!({"order_id": order, "version": v, "status": "PAID"}),
+            )
+            .unwrap(),
+        )
+    };
+    common::send_raw(
+        &producer,
+        &versioned_topic,
+        Some(0),
+        &[status(1), status(3)],
+    )
+    .await;
+    common::send_raw(&producer, &versioned_topic, Some(0), &[status(1)]).await;
+    eventually(40, "the versioned consumer's three records stored", || {
+        let db = &db;
+        let (c, t) = (&versioned_consumer, &versioned_topic);
+        async move { common::stored_offset(db, c, t, 0).await == Some(3) }
+    })
+    .await;
+
     // The sampled gauges: the dead letters and the inbox rows (every 15 s) and the lag (every
     // 5 s) catch up.
     eventually(
         40,
-        "dead_letters_waiting, the inbox rows and the lag sampled",
+        "dead_letters_waiting, the inbox rows, the held versions and the lag sampled",
         || {
             let consumer = consumer.clone();
             let inbox_consumer = inbox_consumer.clone();
+            let versioned_consumer = versioned_consumer.clone();
             async move {
                 let s = parse(&scrape(addr));
                 let lag = [("consumer", consumer.as_str())];
                 let inbox = [("consumer", inbox_consumer.as_str())];
+                let v = [("consumer", versioned_consumer.as_str())];
+                let reason =
+                    |r: &'static str| [("consumer", versioned_consumer.as_str()), ("reason", r)];
                 sum(&s, metrics::DEAD_LETTERS_WAITING, &lag) == poison as f64
                     && matching(&s, metrics::CONSUMER_LAG, &lag).count() == 2
                     && sum(&s, metrics::CONSUMER_LAG, &lag) == 0.0
                     && matching(&s, metrics::INBOX_ROWS, &inbox).count() == 3
                     && sum(&s, metrics::INBOX_ROWS, &inbox) == 0.0
+                    && sum(&s, metrics::VERSION_HELD, &v) == 1.0
+                    && sum(&s, metrics::VERSION_GAPS_OVERDUE, &v) == 0.0
+                    && sum(&s, metrics::VERSION_SKIPPED, &reason("held")) == 1.0
+                    && sum(&s, metrics::VERSION_SKIPPED, &reason("duplicate")) == 1.0
+                    && sum(&s, metrics::VERSION_SKIPPED, &reason("stale")) == 0.0
             }
         },
     )
     .await;
 
+    versioned.stop().await.unwrap();
     inbox.stop().await.unwrap();
     heir.stop().await.unwrap();
     zombie.stop().await.unwrap();

@@ -18,11 +18,12 @@ use deadpool_postgres::Transaction;
 use uuid::Uuid;
 
 use super::processor::{Processors, Round, RoundError};
-use crate::config::{VersionConfig, VersionMode};
+use crate::config::VersionConfig;
 use crate::envelope::Envelope;
 use crate::store::inbox::{Claimed, Failure};
 use crate::store::versions;
-use crate::strategy::{backoff, versioned::held_envelopes};
+use crate::strategy::backoff;
+use crate::strategy::versioned::{held_envelopes, load};
 use crate::version::{self, Stamp, Verdict, Versioned, Versions};
 
 /// What a versioned round did with its claimed rows.
@@ -60,15 +61,7 @@ impl Processors {
         if claimed.is_empty() {
             return Ok(out);
         }
-        let mut aggregates: Vec<&str> = claimed.iter().map(|(_, s)| s.aggregate.as_str()).collect();
-        aggregates.sort_unstable();
-        aggregates.dedup();
-        versions::lock(tx, consumer, &aggregates).await?;
-        let stored = versions::read(tx, consumer, &aggregates).await?;
-        let held = match cfg.mode {
-            VersionMode::Delta => versions::held(tx, consumer, &aggregates).await?,
-            VersionMode::FullState => Vec::new(),
-        };
+        let (stored, held) = load(tx, consumer, cfg.mode, claimed.iter().map(|(_, s)| s)).await?;
         let (held_envs, unusable) = held_envelopes(self.handler.as_ref(), &held);
         out.held_failures.extend(unusable);
 

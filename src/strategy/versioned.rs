@@ -13,6 +13,8 @@
 //! the missing 3, or not at all. Stale and duplicate events commit their dedupe key and change
 //! nothing else; they are counted by reason.
 
+use std::collections::HashMap;
+
 use deadpool_postgres::Transaction;
 
 use super::{AttemptError, PartitionCtx};
@@ -21,7 +23,7 @@ use crate::config::{VersionConfig, VersionMode};
 use crate::envelope::Envelope;
 use crate::handler::{Applied, BatchContext, Handler, HandlerError};
 use crate::store::inbox::{self, Failure, Incoming};
-use crate::store::{copy, versions};
+use crate::store::{copy, versions, StoreError};
 use crate::version::{self, Skipped, Stamp, Verdict, Versioned, Versions};
 
 /// What the versioned effect did.
@@ -55,16 +57,7 @@ pub(crate) async fn apply(
         // Admission checks the stamp, so only a config changed between the two gets here.
         return Err(AttemptError::Reject(unreadable));
     }
-    let mut aggregates: Vec<&str> = stamps.iter().map(|s| s.aggregate.as_str()).collect();
-    aggregates.sort_unstable();
-    aggregates.dedup();
-    versions::lock(tx, consumer, &aggregates).await?;
-    let stored = versions::read(tx, consumer, &aggregates).await?;
-    let held = match cfg.mode {
-        VersionMode::Delta => versions::held(tx, consumer, &aggregates).await?,
-        VersionMode::FullState => Vec::new(),
-    };
-
+    let (stored, held) = load(tx, consumer, cfg.mode, stamps.iter()).await?;
     let (held_envs, unusable) = held_envelopes(ctx.handler.as_ref(), &held);
     inbox::fail(tx, consumer, &unusable, false).await?;
 
@@ -180,6 +173,27 @@ pub(crate) async fn apply(
         return Err(AttemptError::Unavailable(moved.to_string()));
     }
     Ok(Effect { applied, skipped })
+}
+
+/// Locks the aggregates of `stamps` ([`versions::lock`]), then reads their stored versions
+/// and, in delta mode, their held events: steps 1 and 2 of the module docs, shared with the
+/// inbox's processors.
+pub(crate) async fn load<'s>(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    mode: VersionMode,
+    stamps: impl Iterator<Item = &'s Stamp>,
+) -> Result<(HashMap<String, i64>, Vec<versions::Held>), StoreError> {
+    let mut aggregates: Vec<&str> = stamps.map(|s| s.aggregate.as_str()).collect();
+    aggregates.sort_unstable();
+    aggregates.dedup();
+    versions::lock(tx, consumer, &aggregates).await?;
+    let stored = versions::read(tx, consumer, &aggregates).await?;
+    let held = match mode {
+        VersionMode::Delta => versions::held(tx, consumer, &aggregates).await?,
+        VersionMode::FullState => Vec::new(),
+    };
+    Ok((stored, held))
 }
 
 /// Held rows as the handler sees them. One that no longer reads (the consumer's config or
