@@ -40,14 +40,15 @@ monitoring-check:
 DEBUG_FEATURES := --features effectively/failpoints
 
 # Every test, the short chaos subset (and its hard bounce under the inbox strategy), a short
-# out-of-order order-status stream (versioned writes), then a short demo run (10 s at 500 msg/s)
-# that must verify.
+# out-of-order order-status stream (versioned writes, full-state and delta), then a short demo
+# run (10 s at 500 msg/s) that must verify.
 test: up lint monitoring-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) cargo test --workspace $(DEBUG_FEATURES)
 	$(WITH_ENV) target/debug/loadgen chaos --quick
 	$(WITH_ENV) target/debug/loadgen chaos --quick --strategy inbox --scenario hard-bounce
 	$(WITH_ENV) target/debug/loadgen orders --quick
+	$(WITH_ENV) target/debug/loadgen orders --quick --mode delta
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
 
 # Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
@@ -71,7 +72,7 @@ microbench:
 # with the failpoints feature), each verified exactly-once, with the batch strategy, then again
 # with the inbox strategy (plus inbox-burst); then the order-status stream (versioned writes, out
 # of order, stale copies) with the batch strategy, and with the inbox strategy and its worker
-# SIGKILLed mid-stream. Writes target/chaos/report.json and
+# SIGKILLed mid-stream, in full-state and in delta mode. Writes target/chaos/report.json and
 # report-inbox.json. It crashes the stack's PostgreSQL and Kafka on purpose: run it alone, or on
 # a stack of its own (STACK_DIR=$$PWD/.stack-chaos make chaos).
 chaos: up migrate
@@ -81,4 +82,6 @@ chaos: up migrate
 	$(WITH_ENV) target/debug/loadgen chaos --strategy inbox || status=1; \
 	$(WITH_ENV) target/debug/loadgen orders || status=1; \
 	$(WITH_ENV) target/debug/loadgen orders --strategy inbox --bounce || status=1; \
+	$(WITH_ENV) target/debug/loadgen orders --mode delta || status=1; \
+	$(WITH_ENV) target/debug/loadgen orders --mode delta --strategy inbox --bounce || status=1; \
 	exit $$status

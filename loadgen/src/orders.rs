@@ -108,6 +108,10 @@ pub struct OrdersArgs {
     /// SIGKILL the worker once it has taken a third of the records, and start another.
     #[arg(long)]
     bounce: bool,
+    /// `[consumer.version]` mode: `full-state` (the newest version wins; older copies are
+    /// stale) or `delta` (every version applies, in order: out-of-order ones wait HELD).
+    #[arg(long, value_enum, default_value_t = ModeArg::FullState)]
+    mode: ModeArg,
     /// The short run `make test` does (300 orders).
     #[arg(long)]
     quick: bool,
@@ -122,11 +126,31 @@ pub struct OrdersArgs {
     out: PathBuf,
 }
 
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    FullState,
+    Delta,
+}
+
+impl ModeArg {
+    fn as_str(self) -> &'static str {
+        match self {
+            ModeArg::FullState => "full-state",
+            ModeArg::Delta => "delta",
+        }
+    }
+}
+
 impl OrdersArgs {
-    fn label(&self) -> &'static str {
-        match self.strategy {
+    fn label(&self) -> String {
+        let strategy = match self.strategy {
             StrategyArg::Batch => "batch",
             StrategyArg::Inbox => "inbox",
+        };
+        match self.mode {
+            ModeArg::FullState => strategy.to_string(),
+            ModeArg::Delta => format!("{strategy}, delta"),
         }
     }
 }
@@ -244,8 +268,8 @@ fn plan(run: &str, shape: &Shape, rng: &mut fastrand::Rng) -> Vec<Record> {
     stream.into_iter().map(|(_, r)| r).collect()
 }
 
-/// The worker config: the `order-status` handler, versions in full-state mode.
-fn worker_config(topic: &str, strategy: StrategyArg) -> String {
+/// The worker config: the `order-status` handler, versions in `mode`.
+fn worker_config(topic: &str, strategy: StrategyArg, mode: ModeArg) -> String {
     let mut text = worker_settings(8);
     text.push_str(&format!(
         "[[consumer]]\nname = \"{topic}\"\ntopics = [\"{topic}\"]\n\
@@ -255,9 +279,10 @@ fn worker_config(topic: &str, strategy: StrategyArg) -> String {
     if strategy == StrategyArg::Inbox {
         text.push_str("strategy = \"inbox\"\n[consumer.inbox]\nprocessors = 4\n");
     }
-    text.push_str(
-        "[consumer.version]\naggregate = \"/order_id\"\nversion = \"/version\"\nmode = \"full-state\"\n",
-    );
+    text.push_str(&format!(
+        "[consumer.version]\naggregate = \"/order_id\"\nversion = \"/version\"\nmode = \"{}\"\n",
+        mode.as_str()
+    ));
     text
 }
 
@@ -278,7 +303,7 @@ pub async fn run(args: OrdersArgs) -> anyhow::Result<bool> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let run = format!("{:08x}", rng.u32(..));
     // The topic names the consumer too: one of each per run.
-    let topic = format!("orders-{}-{run}", args.label());
+    let topic = format!("orders-{}-{run}", args.label().replace(", ", "-"));
     std::fs::create_dir_all(&args.out)?;
     let records = plan(&run, &shape, &mut rng);
     eprintln!(
@@ -290,7 +315,7 @@ pub async fn run(args: OrdersArgs) -> anyhow::Result<bool> {
 
     let session = Session::connect(&args.brokers, &args.database_url, &topic, PARTITIONS).await?;
     let config = args.out.join(format!("{topic}.toml"));
-    std::fs::write(&config, worker_config(&topic, args.strategy))?;
+    std::fs::write(&config, worker_config(&topic, args.strategy, args.mode))?;
     let bin = Worker::binary(args.effectively.as_deref())?;
     let worker = Worker {
         bin: &bin,
@@ -334,7 +359,7 @@ pub async fn run(args: OrdersArgs) -> anyhow::Result<bool> {
 
     let expected = Expected::from(&records, &acked);
     let observed = observe(&session.db, &topic, &order_prefix(&run)).await?;
-    let verdict = check(&expected, &observed);
+    let verdict = check(&expected, &observed, args.mode == ModeArg::Delta);
     let mut problems: Vec<String> = Vec::new();
     problems.extend(drain.problem());
     if let Err(e) = &stopped {
@@ -700,8 +725,9 @@ fn describe(order: &str, expected: &Expected, observed: &Observed) -> String {
     out
 }
 
-/// Why an order's moves are not a chain of strictly rising versions, if they are not.
-fn chain_break(moves: &[Move]) -> Option<String> {
+/// Why an order's moves are not a chain of strictly rising versions (with `delta`: of every
+/// version, one at a time), if they are not.
+fn chain_break(moves: &[Move], delta: bool) -> Option<String> {
     let mut reached: Option<i64> = None;
     for m in moves {
         if m.from != reached {
@@ -716,12 +742,19 @@ fn chain_break(moves: &[Move]) -> Option<String> {
                 m.id, m.from, m.to, m.status
             ));
         }
+        if delta && m.to != reached.unwrap_or(0) + 1 {
+            return Some(format!(
+                "move {} skips from version {:?} to {} (delta applies every version)",
+                m.id, m.from, m.to
+            ));
+        }
         reached = Some(m.to);
     }
     None
 }
 
-fn check(expected: &Expected, observed: &Observed) -> Verdict {
+/// `delta`: every version must have been applied, one move each, in order.
+fn check(expected: &Expected, observed: &Observed, delta: bool) -> Verdict {
     let mut v = Verdict {
         parked: observed.dead_letters + observed.failed + observed.held,
         ..Verdict::default()
@@ -756,7 +789,7 @@ fn check(expected: &Expected, observed: &Observed) -> Verdict {
     }
     for (order, moves) in &observed.history {
         v.moves += moves.len();
-        if let Some(why) = chain_break(moves) {
+        if let Some(why) = chain_break(moves, delta) {
             v.broken.push(format!("{order}: {why}"));
         }
         for m in moves {
@@ -866,11 +899,15 @@ mod tests {
 
     #[test]
     fn a_chain_must_start_from_nothing_and_only_rise() {
-        assert_eq!(chain_break(&moves(&[(None, 2), (Some(2), 6)])), None);
-        assert!(chain_break(&moves(&[(Some(1), 2)])).is_some());
-        assert!(chain_break(&moves(&[(None, 4), (Some(4), 3)])).is_some());
-        assert!(chain_break(&moves(&[(None, 4), (Some(4), 4)])).is_some());
-        assert!(chain_break(&moves(&[(None, 2), (Some(3), 5)])).is_some());
+        assert_eq!(chain_break(&moves(&[(None, 2), (Some(2), 6)]), false), None);
+        assert!(chain_break(&moves(&[(Some(1), 2)]), false).is_some());
+        assert!(chain_break(&moves(&[(None, 4), (Some(4), 3)]), false).is_some());
+        assert!(chain_break(&moves(&[(None, 4), (Some(4), 4)]), false).is_some());
+        assert!(chain_break(&moves(&[(None, 2), (Some(3), 5)]), false).is_some());
+        // Delta: every version, one at a time.
+        assert_eq!(chain_break(&moves(&[(None, 1), (Some(1), 2)]), true), None);
+        assert!(chain_break(&moves(&[(None, 2), (Some(2), 6)]), true).is_some());
+        assert!(chain_break(&moves(&[(None, 1), (Some(1), 3)]), true).is_some());
     }
 
     #[test]
@@ -911,7 +948,7 @@ mod tests {
                 ],
             );
         }
-        let v = check(&expected, &observed);
+        let v = check(&expected, &observed, false);
         assert!(v.verified(), "{v:?}");
         assert_eq!((v.at_newest, v.moves), (50, 100));
 
@@ -926,7 +963,7 @@ mod tests {
             message_id: id_of(&order, 2),
         });
         observed.view.insert(order.clone(), (paid, 2));
-        let v = check(&expected, &observed);
+        let v = check(&expected, &observed, false);
         assert!(!v.verified());
         assert_eq!(v.broken.len(), 1);
         assert_eq!(v.wrong.len(), 1);
