@@ -117,6 +117,29 @@ impl Versions {
     pub fn get(&self, id: &uuid::Uuid) -> Option<&Versioned> {
         self.by_id.get(id)
     }
+
+    /// The facts of the planned events `idx` (of `events`, carried by `envs`) for one round,
+    /// given the versions `stored` before the batch.
+    pub fn of(
+        mode: VersionMode,
+        stored: &HashMap<String, i64>,
+        events: &[Stamp],
+        envs: &[&Envelope],
+        idx: &[usize],
+    ) -> Versions {
+        let mut facts = Versions::default();
+        for &i in idx {
+            facts.insert(
+                envs[i].message_id,
+                Versioned {
+                    aggregate: events[i].aggregate.clone(),
+                    version: events[i].version,
+                    stored: before(mode, stored, &events[i]),
+                },
+            );
+        }
+        facts
+    }
 }
 
 /// Counts of the events a batch acked without applying, by [`Verdict::reason`].

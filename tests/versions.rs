@@ -283,20 +283,34 @@ async fn held_versions(db: &tokio_postgres::Client, consumer: &str) -> Vec<i64> 
     .collect()
 }
 
-/// Deltas 1, 2, 4 then 3: the handler sees 1, 2, then 3 and 4 once 3 arrives; 4 waits HELD.
-async fn deltas_apply_in_order(strategy: &str) {
-    let (topic, consumer) = (unique("v-delta"), unique("v-delta"));
-    let a = unique("agg");
+/// A one-partition topic and a delta consumer on it (`strategy`: TOML for its table) whose
+/// handler logs what it is given: (topic, consumer, a client, the running worker).
+async fn logging_delta_consumer(
+    prefix: &str,
+    strategy: &str,
+) -> (
+    String,
+    String,
+    tokio_postgres::Client,
+    effectively::worker::Worker,
+) {
+    let (topic, consumer) = (unique(prefix), unique(prefix));
     create_topic(&topic, 1).await;
     let db = pg().await;
     create_once(&db, LOG).await;
-    let worker = start(config(
+    let cfg = config(
         &consumer,
         &topic,
         LOG_HANDLER,
         &versioned("delta", strategy),
-    ))
-    .await;
+    );
+    (topic, consumer, db, start(cfg).await)
+}
+
+/// Deltas 1, 2, 4 then 3: the handler sees 1, 2, then 3 and 4 once 3 arrives; 4 waits HELD.
+async fn deltas_apply_in_order(strategy: &str) {
+    let (topic, consumer, db, worker) = logging_delta_consumer("v-delta", strategy).await;
+    let a = unique("agg");
     let p = producer();
     let early = [order(&a, 1, "x"), order(&a, 2, "x"), order(&a, 4, "x")];
     send_raw(&p, &topic, Some(0), &early).await;
@@ -337,18 +351,8 @@ async fn deltas_1_2_4_3_apply_as_1_2_3_4_inbox() {
 
 #[tokio::test]
 async fn a_gap_never_filled_raises_the_alert_and_holds_what_follows() {
-    let (topic, consumer) = (unique("v-gap"), unique("v-gap"));
+    let (topic, consumer, db, worker) = logging_delta_consumer("v-gap", "").await;
     let a = unique("agg");
-    create_topic(&topic, 1).await;
-    let db = pg().await;
-    create_once(&db, LOG).await;
-    let worker = start(config(
-        &consumer,
-        &topic,
-        LOG_HANDLER,
-        &versioned("delta", ""),
-    ))
-    .await;
     let p = producer();
     let events = [
         order(&a, 1, "x"),

@@ -24,7 +24,7 @@ use crate::store::inbox::{Claimed, Failure};
 use crate::store::versions;
 use crate::strategy::backoff;
 use crate::strategy::versioned::{held_envelopes, load};
-use crate::version::{self, Stamp, Verdict, Versioned, Versions};
+use crate::version::{self, Stamp, Verdict, Versions};
 
 /// What a versioned round did with its claimed rows.
 pub(super) struct Outcome {
@@ -123,17 +123,7 @@ impl Processors {
             if items.is_empty() {
                 continue;
             }
-            let mut facts = Versions::default();
-            for &k in &items {
-                facts.insert(
-                    envs[k].message_id,
-                    Versioned {
-                        aggregate: events[k].aggregate.clone(),
-                        version: events[k].version,
-                        stored: version::before(cfg.mode, &stored, &events[k]),
-                    },
-                );
-            }
+            let facts = Versions::of(cfg.mode, &stored, &events, &envs, &items);
             let groups = self
                 .apply_groups(tx, &envs, &topics, &items, Some(&facts), round)
                 .await?;

@@ -27,6 +27,23 @@ pub struct Incoming<'a> {
     pub header_values: Vec<Option<&'a [u8]>>,
 }
 
+impl<'a> Incoming<'a> {
+    /// `env`, to be stored under `ordering_key` with its record's `headers` (names and values
+    /// as the inbox's two array columns).
+    pub fn new(
+        env: &'a Envelope,
+        ordering_key: String,
+        headers: &'a [(String, Option<bytes::Bytes>)],
+    ) -> Self {
+        Incoming {
+            env,
+            ordering_key,
+            header_names: headers.iter().map(|(k, _)| k.as_str()).collect(),
+            header_values: headers.iter().map(|(_, v)| v.as_deref()).collect(),
+        }
+    }
+}
+
 const COPY_IN: &str = "COPY staged_inbox (message_id, event_date, ordering_key, partition, \
     \"offset\", kafka_ts, key, header_names, header_values, payload) FROM STDIN BINARY";
 

@@ -198,7 +198,8 @@ pub async fn hold(
     if rows.is_empty() {
         return Ok(0);
     }
-    tx.batch_execute("DELETE FROM staged_inbox").await?;
+    // `staged_inbox` is empty here: the batch and per-message strategies use it for nothing
+    // else, call this once per transaction, and it is emptied at every commit.
     let incoming: Vec<&crate::store::inbox::Incoming<'_>> = rows.iter().map(|(i, _)| i).collect();
     crate::store::inbox::stage(tx, &incoming).await?;
     let ids: Vec<uuid::Uuid> = rows.iter().map(|(i, _)| i.env.message_id).collect();

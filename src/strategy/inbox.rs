@@ -137,11 +137,8 @@ impl Body for Inbox {
         let rows: Vec<Incoming<'_>> = candidates
             .iter()
             .zip(raws)
-            .map(|(env, raw)| Incoming {
-                env,
-                ordering_key: ordering_key(&self.ordering_key, env),
-                header_names: raw.headers.iter().map(|(k, _)| k.as_str()).collect(),
-                header_values: raw.headers.iter().map(|(_, v)| v.as_deref()).collect(),
+            .map(|(env, raw)| {
+                Incoming::new(env, ordering_key(&self.ordering_key, env), &raw.headers)
             })
             .collect();
         let t0 = Instant::now();

@@ -24,7 +24,7 @@ use crate::envelope::Envelope;
 use crate::handler::{Applied, BatchContext, Handler, HandlerError};
 use crate::store::inbox::{self, Failure, Incoming};
 use crate::store::{copy, versions, StoreError};
-use crate::version::{self, Skipped, Stamp, Verdict, Versioned, Versions};
+use crate::version::{self, Skipped, Stamp, Verdict, Versions};
 
 /// What the versioned effect did.
 #[derive(Debug, Default)]
@@ -78,16 +78,9 @@ pub(crate) async fn apply(
         if i < n {
             skipped.count(*v);
             if *v == Verdict::Gap {
-                let raw = raws[i];
-                to_hold.push((
-                    Incoming {
-                        env: fresh[i],
-                        ordering_key: events[i].aggregate.clone(),
-                        header_names: raw.headers.iter().map(|(k, _)| k.as_str()).collect(),
-                        header_values: raw.headers.iter().map(|(_, v)| v.as_deref()).collect(),
-                    },
-                    &events[i],
-                ));
+                let incoming =
+                    Incoming::new(fresh[i], events[i].aggregate.clone(), &raws[i].headers);
+                to_hold.push((incoming, &events[i]));
             }
             continue;
         }
@@ -109,17 +102,7 @@ pub(crate) async fn apply(
     for r in 0..plan.rounds {
         let idx = plan.round(r);
         let envs: Vec<&Envelope> = idx.iter().map(|&i| all[i]).collect();
-        let mut facts = Versions::default();
-        for &i in &idx {
-            facts.insert(
-                all[i].message_id,
-                Versioned {
-                    aggregate: events[i].aggregate.clone(),
-                    version: events[i].version,
-                    stored: version::before(cfg.mode, &stored, &events[i]),
-                },
-            );
-        }
+        let facts = Versions::of(cfg.mode, &stored, &events, &all, &idx);
         if ctx.handler.stages_payload() {
             // The view shows this round's events only.
             tx.batch_execute("DELETE FROM staged_messages").await?;
