@@ -82,6 +82,17 @@ pub enum Command {
         #[arg(long)]
         metrics_addr: Option<String>,
     },
+    /// Publish the `outbox` table's rows to Kafka (the config's `[relay]`) until SIGTERM or
+    /// SIGINT. Any number of relays may run against one database.
+    Relay {
+        /// The TOML config file (`KAFKA_BROKERS` and `DATABASE_URL` override it).
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+        /// Where to serve Prometheus metrics (`/metrics`), or `off`. Default: the config's
+        /// `worker.metrics_addr`, else 127.0.0.1:9474.
+        #[arg(long)]
+        metrics_addr: Option<String>,
+    },
     /// Apply the schema migrations that the database does not have yet.
     Migrate {
         /// PostgreSQL URL (the password, if any, is never printed).
@@ -177,17 +188,24 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             metrics_addr,
         } => {
             let mut config = Config::load(&config)?;
-            config.worker.metrics_addr = match metrics_addr.as_deref() {
-                Some("off") => None,
-                Some(a) => Some(a.parse().map_err(|e| {
-                    anyhow::anyhow!("--metrics-addr {a:?}: {e} (expected host:port or off)")
-                })?),
-                None => config
-                    .worker
-                    .metrics_addr
-                    .or(Some(crate::metrics::DEFAULT_ADDR)),
-            };
+            config.worker.metrics_addr =
+                metrics_addr_of(metrics_addr, &config, crate::metrics::DEFAULT_ADDR)?;
             crate::worker::run(config, Registry::new(), shutdown_signal()).await?;
+            Ok(())
+        }
+        Command::Relay {
+            config,
+            metrics_addr,
+        } => {
+            let config = Config::load(&config)?;
+            if let Some(addr) =
+                metrics_addr_of(metrics_addr, &config, crate::metrics::DEFAULT_RELAY_ADDR)?
+            {
+                if let Err(e) = crate::metrics::install(addr) {
+                    tracing::error!(error = %e, "metrics endpoint not started");
+                }
+            }
+            crate::relay::run(config, shutdown_signal()).await?;
             Ok(())
         }
         Command::Migrate { database_url } => {
@@ -308,6 +326,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// Resolves on SIGTERM or SIGINT.
+/// `--metrics-addr` (`off`, or host:port), else the config's `worker.metrics_addr`, else
+/// `fallback`.
+fn metrics_addr_of(
+    arg: Option<String>,
+    config: &Config,
+    fallback: std::net::SocketAddr,
+) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    Ok(match arg.as_deref() {
+        Some("off") => None,
+        Some(a) => Some(a.parse().map_err(|e| {
+            anyhow::anyhow!("--metrics-addr {a:?}: {e} (expected host:port or off)")
+        })?),
+        None => config.worker.metrics_addr.or(Some(fallback)),
+    })
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = match signal(SignalKind::terminate()) {

@@ -42,6 +42,10 @@ pub const INBOX_CLAIM_DURATION: &str = "effectively_inbox_claim_duration_seconds
 pub const INBOX_PROCESS_DURATION: &str = "effectively_inbox_process_duration_seconds";
 pub const INBOX_PROCESSED: &str = "effectively_inbox_processed_total";
 pub const INBOX_LEASE_LOST: &str = "effectively_inbox_lease_lost_total";
+pub const OUTBOX_UNPUBLISHED: &str = "effectively_outbox_unpublished_rows";
+pub const OUTBOX_OLDEST_AGE: &str = "effectively_outbox_oldest_unpublished_age_seconds";
+pub const OUTBOX_PUBLISH_LATENCY: &str = "effectively_outbox_publish_latency_seconds";
+pub const OUTBOX_PUBLISHED: &str = "effectively_outbox_published_total";
 pub const VERSION_SKIPPED: &str = "effectively_version_skipped_total";
 pub const VERSION_HELD: &str = "effectively_version_held_events";
 pub const VERSION_GAPS_OVERDUE: &str = "effectively_version_gaps_overdue";
@@ -75,6 +79,10 @@ pub const ALL: &[&str] = &[
     INBOX_PROCESS_DURATION,
     INBOX_PROCESSED,
     INBOX_LEASE_LOST,
+    OUTBOX_UNPUBLISHED,
+    OUTBOX_OLDEST_AGE,
+    OUTBOX_PUBLISH_LATENCY,
+    OUTBOX_PUBLISHED,
     VERSION_SKIPPED,
     VERSION_HELD,
     VERSION_GAPS_OVERDUE,
@@ -83,6 +91,10 @@ pub const ALL: &[&str] = &[
 /// Where `effectively run` serves `/metrics` unless told otherwise.
 pub const DEFAULT_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9464);
+
+/// Where `effectively relay` serves `/metrics` unless told otherwise.
+pub const DEFAULT_RELAY_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9474);
 
 static INSTALLED: OnceLock<SocketAddr> = OnceLock::new();
 
@@ -238,6 +250,26 @@ fn describe() {
         INBOX_PROCESSED,
         Unit::Count,
         "Inbox rows a processor finished an attempt on, by outcome: done, retry, failed."
+    );
+    describe_gauge!(
+        OUTBOX_UNPUBLISHED,
+        Unit::Count,
+        "Outbox rows of the event types this relay serves that no relay has published yet (sampled every 15 s by each relay)."
+    );
+    describe_gauge!(
+        OUTBOX_OLDEST_AGE,
+        Unit::Seconds,
+        "Age of the oldest unpublished outbox row this relay serves, 0 when none (sampled). Alarm when it grows: events are not leaving the database."
+    );
+    describe_histogram!(
+        OUTBOX_PUBLISH_LATENCY,
+        Unit::Seconds,
+        "From an outbox row's created_at to the commit that marks it published, after the broker acknowledged it."
+    );
+    describe_counter!(
+        OUTBOX_PUBLISHED,
+        Unit::Count,
+        "Outbox rows this relay published and marked (a row republished after a crash counts again)."
     );
     describe_counter!(
         VERSION_SKIPPED,
@@ -478,4 +510,21 @@ pub fn versions_skipped(consumer: &str, s: &crate::version::Skipped) {
 pub fn version_gaps(consumer: &str, held: i64, overdue: i64) {
     gauge!(VERSION_HELD, "consumer" => consumer.to_string()).set(held as f64);
     gauge!(VERSION_GAPS_OVERDUE, "consumer" => consumer.to_string()).set(overdue as f64);
+}
+
+/// Outbox rows a relay published and marked, with each one's time since it was written.
+pub fn outbox_published(latencies: impl Iterator<Item = Duration>) {
+    let h = histogram!(OUTBOX_PUBLISH_LATENCY);
+    let mut n = 0;
+    for l in latencies {
+        h.record(l.as_secs_f64());
+        n += 1;
+    }
+    counter!(OUTBOX_PUBLISHED).increment(n);
+}
+
+/// The relay's sampled backlog.
+pub fn outbox_backlog(rows: i64, oldest_s: f64) {
+    gauge!(OUTBOX_UNPUBLISHED).set(rows as f64);
+    gauge!(OUTBOX_OLDEST_AGE).set(oldest_s);
 }

@@ -70,6 +70,12 @@ impl Worker {
         config
             .validate()
             .map_err(|e| WorkerError::Config(e.to_string()))?;
+        if config.consumers.is_empty() {
+            return Err(WorkerError::Config(
+                "no [[consumer]] to run (a config with only [relay] is for `effectively relay`)"
+                    .into(),
+            ));
+        }
         let url = config.database.url.expose().to_string();
         let opts = PoolOptions {
             size: config.database.pool_size,

@@ -390,6 +390,48 @@ async fn set_up() -> Fixture {
     })
     .await;
 
+    // An outbox relay in this process, publishing one row.
+    let relay_type = common::unique("MetricsEvent");
+    let relay_topic = common::unique("metrics-relay");
+    common::create_topic(&relay_topic, 1).await;
+    let relay_config = effectively::config::Config::from_toml_str(&format!(
+        "[kafka]\nbrokers = \"{}\"\n[database]\nurl = \"{}\"\n\
+         [relay]\ntopics = {{ \"{relay_type}\" = \"{relay_topic}\" }}\npoll_interval = \"50ms\"\n",
+        common::kafka_brokers(),
+        common::database_url()
+    ))
+    .unwrap();
+    let relay_stop = tokio_util::sync::CancellationToken::new();
+    let relay = tokio::spawn(
+        effectively::relay::Relay::new(&relay_config)
+            .unwrap()
+            .run(relay_stop.clone()),
+    );
+    db.execute(
+        "INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, 'a', $2, '{}')",
+        &[&uuid::Uuid::now_v7(), &relay_type],
+    )
+    .await
+    .unwrap();
+    eventually(40, "the relay published its row", || {
+        let db = &db;
+        let t = &relay_type;
+        async move {
+            let left: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM outbox WHERE event_type = $1 AND published_at IS NULL",
+                    &[t],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            left == 0
+        }
+    })
+    .await;
+    relay_stop.cancel();
+    relay.await.unwrap();
+
     // The sampled gauges: the dead letters and the inbox rows (every 15 s) and the lag (every
     // 5 s) catch up.
     eventually(

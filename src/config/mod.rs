@@ -13,8 +13,10 @@ use humantime_serde::re::humantime::format_duration;
 use serde::{Deserialize, Deserializer};
 
 mod inbox;
+mod relay;
 mod version;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
+pub use relay::{Published, RelayConfig};
 pub use version::{VersionConfig, VersionMode};
 
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
@@ -50,6 +52,9 @@ pub struct Config {
     /// `[[consumer]]`. Defaults to empty so that `validate` can say what is missing.
     #[serde(rename = "consumer", default)]
     pub consumers: Vec<ConsumerConfig>,
+    /// `[relay]`: the outbox relay's settings (`effectively relay`).
+    #[serde(default)]
+    pub relay: Option<RelayConfig>,
 }
 
 /// `[kafka]`. `Debug` is by hand so that credentials in `options` are never printed.
@@ -525,8 +530,11 @@ impl Config {
         if self.database.pool_size < 1 {
             problems.push("database.pool_size must be at least 1".into());
         }
-        if self.consumers.is_empty() {
-            problems.push("at least one [[consumer]] is required".into());
+        if self.consumers.is_empty() && self.relay.is_none() {
+            problems.push("at least one [[consumer]] (or a [relay]) is required".into());
+        }
+        if let Some(r) = &self.relay {
+            problems.extend(r.problems());
         }
         // Each processor holds a connection for its whole round; the receivers, maintenance and
         // the gauges need theirs too, or they wait for a processor to finish.

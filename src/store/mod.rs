@@ -8,6 +8,7 @@ pub mod dedupe;
 pub mod inbox;
 pub mod migrate;
 pub mod offsets;
+pub mod outbox;
 pub mod partitions;
 pub mod pool;
 pub mod retention;

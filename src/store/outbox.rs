@@ -1,0 +1,127 @@
+//! The `outbox` table's SQL for the relay (`crate::relay`): claim unpublished rows in order per
+//! aggregate, mark them published, and measure the backlog.
+//!
+//! Order per aggregate lives in one predicate, as the inbox's per-key order does: a row is
+//! claimable only if it is the oldest (`seq`) unpublished row of its aggregate among the event
+//! types this relay serves. A relay that locked an aggregate's head also takes the rows behind
+//! it; another relay finds the head locked (SKIP LOCKED) and the rest not heads, so it takes
+//! nothing of that aggregate until the first relay commits.
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{GenericClient, Transaction};
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// An unpublished outbox row, claimed.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub id: Uuid,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// The payload as JSON text.
+    pub payload: String,
+    pub created_at: DateTime<Utc>,
+    pub seq: i64,
+}
+
+const COLUMNS: &str = "o.id, o.aggregate_id, o.event_type, o.payload::text, o.created_at, o.seq";
+
+// `$1`: the event types served (NULL: all), `$2`: the limit.
+static CLAIM_HEADS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {COLUMNS} FROM outbox o
+         WHERE o.published_at IS NULL AND ($1::text[] IS NULL OR o.event_type = ANY($1))
+           AND o.seq = (SELECT h.seq FROM outbox h
+                        WHERE h.aggregate_id = o.aggregate_id AND h.published_at IS NULL
+                          AND ($1::text[] IS NULL OR h.event_type = ANY($1))
+                        ORDER BY h.seq LIMIT 1)
+         ORDER BY o.seq LIMIT $2
+         FOR UPDATE OF o SKIP LOCKED"
+    )
+});
+
+// The rows behind the heads this transaction locked (`$2` aggregates, `$3` the heads' ids).
+// No SKIP LOCKED: no other relay can hold them (they are not heads), and skipping one would
+// publish its successors before it.
+static CLAIM_FOLLOWERS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {COLUMNS} FROM outbox o
+         WHERE o.published_at IS NULL AND ($1::text[] IS NULL OR o.event_type = ANY($1))
+           AND o.aggregate_id = ANY($2) AND o.id <> ALL($3)
+         ORDER BY o.aggregate_id, o.seq LIMIT $4
+         FOR UPDATE OF o"
+    )
+});
+
+fn row(r: &tokio_postgres::Row) -> Row {
+    Row {
+        id: r.get(0),
+        aggregate_id: r.get(1),
+        event_type: r.get(2),
+        payload: r.get(3),
+        created_at: r.get(4),
+        seq: r.get(5),
+    }
+}
+
+/// Locks up to `limit` unpublished rows of `types` (`None`: all) in the caller's transaction:
+/// the heads of as many aggregates as it can take, then the rows behind them. In `seq` order.
+pub async fn claim(
+    tx: &Transaction<'_>,
+    types: Option<&[String]>,
+    limit: i64,
+) -> Result<Vec<Row>, StoreError> {
+    let stmt = tx.prepare_cached(&CLAIM_HEADS).await?;
+    let mut rows: Vec<Row> = tx
+        .query(&stmt, &[&types, &limit])
+        .await?
+        .iter()
+        .map(row)
+        .collect();
+    let room = limit - rows.len() as i64;
+    if !rows.is_empty() && room > 0 {
+        let mut aggregates: Vec<&str> = rows.iter().map(|r| r.aggregate_id.as_str()).collect();
+        aggregates.sort_unstable();
+        aggregates.dedup();
+        let heads: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+        let stmt = tx.prepare_cached(&CLAIM_FOLLOWERS).await?;
+        let more = tx
+            .query(&stmt, &[&types, &aggregates, &heads, &room])
+            .await?;
+        rows.extend(more.iter().map(row));
+    }
+    rows.sort_by_key(|r| r.seq);
+    Ok(rows)
+}
+
+/// Marks `ids` published (or deletes them, with `delete`) in the caller's transaction.
+pub async fn published(
+    tx: &Transaction<'_>,
+    ids: &[Uuid],
+    delete: bool,
+) -> Result<u64, StoreError> {
+    let sql = if delete {
+        "DELETE FROM outbox WHERE id = ANY($1)"
+    } else {
+        "UPDATE outbox SET published_at = now() WHERE id = ANY($1)"
+    };
+    let stmt = tx.prepare_cached(sql).await?;
+    Ok(tx.execute(&stmt, &[&ids]).await?)
+}
+
+/// Unpublished rows of `types` (`None`: all), and the oldest one's age in seconds (0: none).
+pub async fn backlog<C: GenericClient + Sync>(
+    client: &C,
+    types: Option<&[String]>,
+) -> Result<(i64, f64), StoreError> {
+    let r = client
+        .query_one(
+            "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+             FROM outbox WHERE published_at IS NULL
+               AND ($1::text[] IS NULL OR event_type = ANY($1))",
+            &[&types],
+        )
+        .await?;
+    Ok((r.get(0), r.get(1)))
+}

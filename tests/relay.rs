@@ -1,0 +1,249 @@
+//! The outbox relay against the real Kafka and PostgreSQL: a relay that dies between publishing
+//! and marking publishes again, and the consumer still credits once; two relays keep each
+//! aggregate's order and publish every row once.
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+/// `[relay]` for one event type, as TOML (the other sections come from `common::config`).
+fn relay_section(event_type: &str, topic: &str, extra: &str) -> String {
+    format!("[relay]\ntopics = {{ \"{event_type}\" = \"{topic}\" }}\npoll_interval = \"50ms\"\n{extra}\n")
+}
+
+/// Writes a config that has only `[kafka]`, `[database]` and `relay`.
+fn relay_config_file(dir: &std::path::Path, relay: &str) -> std::path::PathBuf {
+    let path = dir.join("relay.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[kafka]\nbrokers = \"{}\"\n[database]\nurl = \"{}\"\n{relay}",
+            kafka_brokers(),
+            database_url()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn spawn_relay(config: &std::path::Path, log: &std::path::Path, failpoints: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_effectively"))
+        .args(["relay", "--metrics-addr", "off", "--config"])
+        .arg(config)
+        .env("KAFKA_BROKERS", kafka_brokers())
+        .env("DATABASE_URL", database_url())
+        .env("FAILPOINTS", failpoints)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("spawn effectively relay")
+}
+
+/// Records on `topic` (all partitions), from the watermarks.
+fn records_on(topic: &str, partitions: i32) -> i64 {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    (0..partitions)
+        .map(|p| {
+            let (lo, hi) = c
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .unwrap();
+            hi - lo
+        })
+        .sum()
+}
+
+/// Writes `payments` as the payments service would: each one an outbox row of `event_type`,
+/// all in one transaction.
+async fn write_outbox(
+    db: &mut tokio_postgres::Client,
+    event_type: &str,
+    rows: &[(String, Payment)],
+) {
+    let tx = db.transaction().await.unwrap();
+    for (aggregate, p) in rows {
+        let payload: serde_json::Value = serde_json::from_slice(&p.json()).unwrap();
+        tx.execute(
+            "INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4)",
+            &[&p.event_id, aggregate, &event_type, &payload],
+        )
+        .await
+        .unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+async fn unpublished(db: &tokio_postgres::Client, event_type: &str) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM outbox WHERE event_type = $1 AND published_at IS NULL",
+        &[&event_type],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[tokio::test]
+async fn a_relay_that_dies_after_publishing_republishes_and_the_consumer_credits_once() {
+    let (topic, consumer) = (unique("relay-crash"), unique("relay-crash"));
+    let event_type = unique("PaymentSucceeded");
+    create_topic(&topic, 2).await;
+    let mut db = pg().await;
+    let user = unique("u");
+    let payments: Vec<(String, Payment)> = (0..20)
+        .map(|i| {
+            let p = Payment::new(&user, 10_000 + i);
+            (p.payment_id.clone(), p)
+        })
+        .collect();
+    write_outbox(&mut db, &event_type, &payments).await;
+
+    let dir = std::env::temp_dir().join(unique("relay-crash"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = relay_config_file(&dir, &relay_section(&event_type, &topic, ""));
+    // The first relay publishes the rows, the broker acknowledges them, and it dies before it
+    // marks them.
+    let mut first = spawn_relay(
+        &config,
+        &dir.join("first.log"),
+        "relay_after_publish=return",
+    );
+    let status = tokio::task::spawn_blocking(move || first.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(!status.success(), "the failpoint aborts the relay");
+    assert_eq!(records_on(&topic, 2), 20, "published once");
+    assert_eq!(unpublished(&db, &event_type).await, 20, "nothing marked");
+
+    // The next relay publishes them all again, and marks them.
+    let mut second = spawn_relay(&config, &dir.join("second.log"), "");
+    eventually(30, "the second relay marked every row", || async {
+        unpublished(&db, &event_type).await == 0
+    })
+    .await;
+    Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(second.wait().unwrap().success(), "a clean stop on SIGTERM");
+    assert_eq!(records_on(&topic, 2), 40, "every event twice on the topic");
+
+    // Downstream, the consumer dedupes on the event id the relay put in the header.
+    let worker = start(config_for(&consumer, &topic)).await;
+    let stats = worker.stats(&consumer).unwrap();
+    wait_records(&stats, 40, 60).await;
+    worker.stop().await.unwrap();
+    let l = ledger(&db, &consumer).await;
+    assert_eq!(l.credits, 20, "one credit per payment");
+    assert!(doubly_credited(&db, &consumer).await.is_empty());
+}
+
+fn config_for(consumer: &str, topic: &str) -> effectively::config::Config {
+    config(consumer, topic, r#"{ kind = "cashback" }"#, "")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_keep_each_aggregates_order_and_publish_every_row_once() {
+    let topic = unique("relay-order");
+    let event_type = unique("OrderEvent");
+    create_topic(&topic, 3).await;
+    let mut db = pg().await;
+    // 20 aggregates x 10 rows, written interleaved in 10 transactions (one row per aggregate
+    // each), so every aggregate's rows are spread over the seq range.
+    let aggregates: Vec<String> = (0..20).map(|i| format!("{}-{i}", unique("agg"))).collect();
+    let mut order: HashMap<String, Vec<uuid::Uuid>> = HashMap::new();
+    for _ in 0..10 {
+        let rows: Vec<(String, Payment)> = aggregates
+            .iter()
+            .map(|a| (a.clone(), Payment::new(a, 100)))
+            .collect();
+        for (a, p) in &rows {
+            order.entry(a.clone()).or_default().push(p.event_id);
+        }
+        write_outbox(&mut db, &event_type, &rows).await;
+    }
+
+    // Two relays in this process, small batches so that they interleave.
+    let text = format!(
+        "[kafka]\nbrokers = \"{}\"\n[database]\nurl = \"{}\"\n{}",
+        kafka_brokers(),
+        database_url(),
+        relay_section(&event_type, &topic, "batch = 7\npublished = \"delete\"")
+    );
+    let cfg = effectively::config::Config::from_toml_str(&text).unwrap();
+    let stop = CancellationToken::new();
+    let relays: Vec<_> = (0..2)
+        .map(|_| {
+            let relay = effectively::relay::Relay::new(&cfg).unwrap();
+            tokio::spawn(relay.run(stop.clone()))
+        })
+        .collect();
+    eventually(60, "every row published and deleted", || async {
+        let left: i64 = db
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE event_type = $1",
+                &[&event_type],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        left == 0
+    })
+    .await;
+    stop.cancel();
+    for r in relays {
+        r.await.unwrap();
+    }
+
+    // Read the topic back: each aggregate's events in the order they were written, once each.
+    let reader: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", unique("relay-reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..3 {
+        tpl.add_partition_offset(&topic, p, rdkafka::Offset::Beginning)
+            .unwrap();
+    }
+    reader.assign(&tpl).unwrap();
+    let mut seen: HashMap<String, Vec<uuid::Uuid>> = HashMap::new();
+    let mut n = 0;
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while n < 200 && std::time::Instant::now() < until {
+        let Some(m) = reader.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
+        let headers = m.headers().unwrap();
+        let id = headers
+            .iter()
+            .find(|h| h.key == "event_id")
+            .and_then(|h| h.value)
+            .map(|v| uuid::Uuid::parse_str(std::str::from_utf8(v).unwrap()).unwrap())
+            .unwrap();
+        seen.entry(key).or_default().push(id);
+        n += 1;
+    }
+    assert_eq!(n, 200, "every row once");
+    assert_eq!(records_on(&topic, 3), 200, "and no more");
+    for (a, ids) in &order {
+        assert_eq!(
+            seen.get(a),
+            Some(ids),
+            "aggregate {a} in the order it was written"
+        );
+    }
+}
