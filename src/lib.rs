@@ -38,6 +38,7 @@ pub mod envelope;
 pub mod handler;
 pub mod inbox;
 pub mod metrics;
+pub mod provider_stub;
 pub mod relay;
 pub mod source;
 pub mod stats;
