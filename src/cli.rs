@@ -93,6 +93,24 @@ pub enum Command {
         #[arg(long)]
         metrics_addr: Option<String>,
     },
+    /// Deliver the `notifications` table's intents to their providers (the config's `[sender]`)
+    /// until SIGTERM or SIGINT, with idempotency keys. Any number of senders may run.
+    Send {
+        /// The TOML config file (`DATABASE_URL` overrides it).
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+        /// Where to serve Prometheus metrics (`/metrics`), or `off`. Default: the config's
+        /// `worker.metrics_addr`, else 127.0.0.1:9484.
+        #[arg(long)]
+        metrics_addr: Option<String>,
+    },
+    /// A notification provider stub with Stripe-like idempotency keys (for demos and tests; see
+    /// `src/provider_stub.rs`), until SIGTERM or SIGINT.
+    #[command(hide = true)]
+    ProviderStub {
+        #[arg(long, default_value = "127.0.0.1:8099")]
+        addr: String,
+    },
     /// Apply the schema migrations that the database does not have yet.
     Migrate {
         /// PostgreSQL URL (the password, if any, is never printed).
@@ -206,6 +224,25 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 }
             }
             crate::relay::run(config, shutdown_signal()).await?;
+            Ok(())
+        }
+        Command::ProviderStub { addr } => {
+            crate::provider_stub::serve(addr, shutdown_signal()).await?;
+            Ok(())
+        }
+        Command::Send {
+            config,
+            metrics_addr,
+        } => {
+            let config = Config::load(&config)?;
+            if let Some(addr) =
+                metrics_addr_of(metrics_addr, &config, crate::metrics::DEFAULT_SENDER_ADDR)?
+            {
+                if let Err(e) = crate::metrics::install(addr) {
+                    tracing::error!(error = %e, "metrics endpoint not started");
+                }
+            }
+            crate::sender::run(config, shutdown_signal()).await?;
             Ok(())
         }
         Command::Migrate { database_url } => {

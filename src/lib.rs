@@ -9,8 +9,13 @@
 //!
 //! Each module uses only the ones listed below it.
 //!
-//! - [`cli`]: the command line (`effectively run | migrate | check-config | inbox | retention`).
+//! - [`cli`]: the command line (`effectively run | relay | send | migrate | check-config | inbox
+//!   | retention`).
 //! - [`worker`]: wires config, pool, handlers and one source per consumer; shutdown.
+//! - [`relay`]: the outbox relay: publishes `outbox` rows to Kafka in order per aggregate.
+//! - [`sender`]: the notification sender: delivers `notifications` to providers with
+//!   idempotency keys; [`provider_stub`] is a provider that honours them as Stripe's API does,
+//!   for tests and the demo.
 //! - [`inbox`]: the inbox strategy's processors ([`inbox::processor`]: claim with `SKIP
 //!   LOCKED` or a lease, apply, retry, park) and its status and replay ([`inbox::admin`]).
 //! - [`source`]: Kafka group membership and rebalances ([`source::consumer`]: claim and seek
@@ -23,7 +28,9 @@
 //! - [`store`]: every SQL statement, each function taking the caller's transaction: offsets
 //!   and fencing ([`store::offsets`]), staging by `COPY` ([`store::copy`]), the dedupe insert
 //!   ([`store::dedupe`]), daily partitions ([`store::partitions`]), dead letters
-//!   ([`store::dead_letters`]), the inbox table ([`store::inbox`]), migrations
+//!   ([`store::dead_letters`]), the inbox table ([`store::inbox`]), versions
+//!   ([`store::versions`]), the outbox ([`store::outbox`]) and notifications
+//!   ([`store::notifications`]), migrations
 //!   ([`store::migrate`]).
 //! - [`version`]: versioned writes, which of a batch's events each aggregate can take and in
 //!   what rounds (pure; `[consumer.version]`).
@@ -40,6 +47,7 @@ pub mod inbox;
 pub mod metrics;
 pub mod provider_stub;
 pub mod relay;
+pub mod sender;
 pub mod source;
 pub mod stats;
 pub mod store;

@@ -46,6 +46,9 @@ pub const OUTBOX_UNPUBLISHED: &str = "effectively_outbox_unpublished_rows";
 pub const OUTBOX_OLDEST_AGE: &str = "effectively_outbox_oldest_unpublished_age_seconds";
 pub const OUTBOX_PUBLISH_LATENCY: &str = "effectively_outbox_publish_latency_seconds";
 pub const OUTBOX_PUBLISHED: &str = "effectively_outbox_published_total";
+pub const NOTIFICATIONS: &str = "effectively_notifications_total";
+pub const NOTIFICATION_ROWS: &str = "effectively_notification_rows";
+pub const NOTIFICATION_OLDEST_AGE: &str = "effectively_notification_oldest_pending_age_seconds";
 pub const VERSION_SKIPPED: &str = "effectively_version_skipped_total";
 pub const VERSION_HELD: &str = "effectively_version_held_events";
 pub const VERSION_GAPS_OVERDUE: &str = "effectively_version_gaps_overdue";
@@ -83,6 +86,9 @@ pub const ALL: &[&str] = &[
     OUTBOX_OLDEST_AGE,
     OUTBOX_PUBLISH_LATENCY,
     OUTBOX_PUBLISHED,
+    NOTIFICATIONS,
+    NOTIFICATION_ROWS,
+    NOTIFICATION_OLDEST_AGE,
     VERSION_SKIPPED,
     VERSION_HELD,
     VERSION_GAPS_OVERDUE,
@@ -95,6 +101,10 @@ pub const DEFAULT_ADDR: SocketAddr =
 /// Where `effectively relay` serves `/metrics` unless told otherwise.
 pub const DEFAULT_RELAY_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9474);
+
+/// Where `effectively send` serves `/metrics` unless told otherwise.
+pub const DEFAULT_SENDER_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9484);
 
 static INSTALLED: OnceLock<SocketAddr> = OnceLock::new();
 
@@ -270,6 +280,21 @@ fn describe() {
         OUTBOX_PUBLISHED,
         Unit::Count,
         "Outbox rows this relay published and marked (a row republished after a crash counts again)."
+    );
+    describe_counter!(
+        NOTIFICATIONS,
+        Unit::Count,
+        "Notification deliveries by channel and outcome: sent, replayed (the provider answered from its record of the key), reconciled (found sent by asking the provider), retried, failed, skipped."
+    );
+    describe_gauge!(
+        NOTIFICATION_ROWS,
+        Unit::Count,
+        "Notifications by channel and status: pending, sending, failed (sampled every 15 s by each sender). Alarm on failed > 0."
+    );
+    describe_gauge!(
+        NOTIFICATION_OLDEST_AGE,
+        Unit::Seconds,
+        "Age of the oldest PENDING notification per channel, 0 when none (sampled)."
     );
     describe_counter!(
         VERSION_SKIPPED,
@@ -527,4 +552,31 @@ pub fn outbox_published(latencies: impl Iterator<Item = Duration>) {
 pub fn outbox_backlog(rows: i64, oldest_s: f64) {
     gauge!(OUTBOX_UNPUBLISHED).set(rows as f64);
     gauge!(OUTBOX_OLDEST_AGE).set(oldest_s);
+}
+
+/// Publishes a sender channel's counters at 0, so that `increase()` sees the first outcome.
+pub fn notification_channel(channel: &str) {
+    for o in crate::sender::Outcome::ALL {
+        counter!(NOTIFICATIONS, "channel" => channel.to_string(), "outcome" => o.as_str())
+            .increment(0);
+    }
+}
+
+/// One notification's recorded outcome.
+pub fn notification(channel: &str, outcome: crate::sender::Outcome) {
+    counter!(NOTIFICATIONS, "channel" => channel.to_string(), "outcome" => outcome.as_str())
+        .increment(1);
+}
+
+/// A sender's sampled view of one channel.
+pub fn notifications_status(channel: &str, pending: i64, sending: i64, failed: i64, oldest_s: f64) {
+    for (status, n) in [
+        ("pending", pending),
+        ("sending", sending),
+        ("failed", failed),
+    ] {
+        gauge!(NOTIFICATION_ROWS, "channel" => channel.to_string(), "status" => status)
+            .set(n as f64);
+    }
+    gauge!(NOTIFICATION_OLDEST_AGE, "channel" => channel.to_string()).set(oldest_s);
 }

@@ -432,6 +432,38 @@ async fn set_up() -> Fixture {
     relay_stop.cancel();
     relay.await.unwrap();
 
+    // A notification sender in this process, delivering one notification to a provider stub.
+    let stub = effectively::provider_stub::ProviderStub::start("127.0.0.1:0")
+        .await
+        .unwrap();
+    let channel = common::unique("metrics-sms");
+    let sender_config = effectively::config::Config::from_toml_str(&format!(
+        "[database]\nurl = \"{}\"\n[sender]\npoll_interval = \"50ms\"\n\
+         [sender.channels.{channel}]\nurl = \"{}/v1/messages\"\nlookup = true\n",
+        common::database_url(),
+        stub.url()
+    ))
+    .unwrap();
+    db.execute(
+        "INSERT INTO notifications (event_id, channel, payload) VALUES ($1, $2, '{}')",
+        &[&uuid::Uuid::now_v7(), &channel],
+    )
+    .await
+    .unwrap();
+    let sender_stop = tokio_util::sync::CancellationToken::new();
+    let sender = tokio::spawn(
+        effectively::sender::Sender::new(&sender_config)
+            .unwrap()
+            .run(sender_stop.clone()),
+    );
+    eventually(40, "the sender delivered its notification", || {
+        let stub = &stub;
+        async move { stub.messages().len() == 1 }
+    })
+    .await;
+    sender_stop.cancel();
+    sender.await.unwrap();
+
     // The sampled gauges: the dead letters and the inbox rows (every 15 s) and the lag (every
     // 5 s) catch up.
     eventually(

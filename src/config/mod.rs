@@ -14,9 +14,11 @@ use serde::{Deserialize, Deserializer};
 
 mod inbox;
 mod relay;
+mod sender;
 mod version;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
 pub use relay::{Published, RelayConfig};
+pub use sender::{ChannelConfig, OnInterrupted, SenderConfig};
 pub use version::{VersionConfig, VersionMode};
 
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
@@ -55,6 +57,9 @@ pub struct Config {
     /// `[relay]`: the outbox relay's settings (`effectively relay`).
     #[serde(default)]
     pub relay: Option<RelayConfig>,
+    /// `[sender]`: the notification sender's settings (`effectively send`).
+    #[serde(default)]
+    pub sender: Option<SenderConfig>,
 }
 
 /// `[kafka]`. `Debug` is by hand so that credentials in `options` are never printed.
@@ -384,6 +389,10 @@ pub enum HandlerConfig {
     Cashback {
         #[serde(default = "default_rate_bp")]
         rate_bp: u32,
+        /// Record a notification on this channel with every credit (`effectively send`
+        /// delivers it).
+        #[serde(default)]
+        notify: Option<String>,
     },
     /// One SQL statement run in the batch transaction, reading the table `fresh_messages`.
     Sql { statement: String },
@@ -530,11 +539,15 @@ impl Config {
         if self.database.pool_size < 1 {
             problems.push("database.pool_size must be at least 1".into());
         }
-        if self.consumers.is_empty() && self.relay.is_none() {
-            problems.push("at least one [[consumer]] (or a [relay]) is required".into());
+        if self.consumers.is_empty() && self.relay.is_none() && self.sender.is_none() {
+            problems
+                .push("at least one [[consumer]] (or a [relay] or [sender]) is required".into());
         }
         if let Some(r) = &self.relay {
             problems.extend(r.problems());
+        }
+        if let Some(s) = &self.sender {
+            problems.extend(s.problems());
         }
         // Each processor holds a connection for its whole round; the receivers, maintenance and
         // the gauges need theirs too, or they wait for a processor to finish.
@@ -630,7 +643,7 @@ impl ConsumerConfig {
             }
         }
         match &self.handler {
-            HandlerConfig::Cashback { rate_bp } if *rate_bp > 10_000 => p.push(format!(
+            HandlerConfig::Cashback { rate_bp, .. } if *rate_bp > 10_000 => p.push(format!(
                 "handler.rate_bp ({rate_bp}) must be at most 10000 (100%)"
             )),
             HandlerConfig::Sql { statement } if statement.trim().is_empty() => {
@@ -839,7 +852,13 @@ mod tests {
         let c = &config.consumers[0];
         assert_eq!(c.group_id(), "rewards");
         assert_eq!(c.strategy, Strategy::Batch);
-        assert_eq!(c.handler, HandlerConfig::Cashback { rate_bp: 200 });
+        assert_eq!(
+            c.handler,
+            HandlerConfig::Cashback {
+                rate_bp: 200,
+                notify: None
+            }
+        );
         assert_eq!(c.auto_offset_reset, OffsetReset::Earliest);
         assert_eq!(c.batch.max_messages, 1000);
         assert_eq!(c.batch.max_bytes, 4_194_304);
@@ -883,7 +902,13 @@ mod tests {
         assert_eq!(uuid7, EventDateSource::Uuid7);
         let h = |h: &str| consumer(&MINIMAL.replace("{ kind = \"cashback\" }", h)).handler;
         let cashback = h("{ kind = \"cashback\", rate_bp = 150 }");
-        assert_eq!(cashback, HandlerConfig::Cashback { rate_bp: 150 });
+        assert_eq!(
+            cashback,
+            HandlerConfig::Cashback {
+                rate_bp: 150,
+                notify: None
+            }
+        );
         let statement = "SELECT 1".to_string();
         let sql = h("{ kind = \"sql\", statement = \"SELECT 1\" }");
         assert_eq!(sql, HandlerConfig::Sql { statement });

@@ -53,6 +53,17 @@ WITH input AS (
                               'cashback_paise', c.cashback_paise)
     FROM credited c JOIN input i ON i.event_id = c.event_id
     ORDER BY i.outbox_id
+), notified AS (
+    -- With `notify`: the SMS that tells the user, as an intent the sender delivers later.
+    INSERT INTO notifications (event_id, channel, payload)
+    SELECT c.event_id, $11::text,
+           jsonb_build_object('to', c.user_id, 'payment_id', c.payment_id,
+                              'cashback_paise', c.cashback_paise,
+                              'text', 'Cashback of ' || c.cashback_paise || ' paise credited for '
+                                      || c.payment_id)
+    FROM credited c WHERE $11::text IS NOT NULL
+    ORDER BY c.event_id
+    ON CONFLICT DO NOTHING
 )
 SELECT count(*) FROM credited";
 
@@ -60,6 +71,8 @@ SELECT count(*) FROM credited";
 #[derive(Debug, Clone)]
 pub struct Cashback {
     rate_bp: u32,
+    /// The channel of the notification recorded with each credit, if any.
+    notify: Option<String>,
 }
 
 /// The fields of one payment, read from the event.
@@ -74,7 +87,17 @@ pub struct Payment<'a> {
 
 impl Cashback {
     pub fn new(rate_bp: u32) -> Self {
-        Self { rate_bp }
+        Self {
+            rate_bp,
+            notify: None,
+        }
+    }
+
+    /// Also records a notification on `channel` for every credit, in the credit's transaction
+    /// (`notifications`, delivered by `effectively send`).
+    pub fn notifying(mut self, channel: Option<String>) -> Self {
+        self.notify = channel;
+        self
     }
 
     /// Reads the payment from the event, or says which field is missing or wrong.
@@ -210,6 +233,7 @@ impl Handler for Cashback {
                     &occurred,
                     &kafka_ts,
                     &outbox_ids,
+                    &self.notify,
                 ],
             )
             .await?;

@@ -160,7 +160,9 @@ impl Registry {
     /// The handler a consumer's config names.
     pub fn build(&self, config: &HandlerConfig) -> Result<Arc<dyn Handler>, String> {
         match config {
-            HandlerConfig::Cashback { rate_bp } => Ok(Arc::new(cashback::Cashback::new(*rate_bp))),
+            HandlerConfig::Cashback { rate_bp, notify } => Ok(Arc::new(
+                cashback::Cashback::new(*rate_bp).notifying(notify.clone()),
+            )),
             HandlerConfig::Sql { statement } => {
                 Ok(Arc::new(sql::SqlHandler::new(statement.clone())))
             }

@@ -7,6 +7,7 @@ pub mod dead_letters;
 pub mod dedupe;
 pub mod inbox;
 pub mod migrate;
+pub mod notifications;
 pub mod offsets;
 pub mod outbox;
 pub mod partitions;
