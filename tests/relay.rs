@@ -247,3 +247,110 @@ async fn two_relays_keep_each_aggregates_order_and_publish_every_row_once() {
         );
     }
 }
+
+/// The seed's walk end to end: payments commits each payment and its outbox row together; the
+/// relay publishes, dies before marking, publishes again; an operator redrives one payment days
+/// later (the same bytes at a new offset). Rewards credits each payment once, records one SMS
+/// intent and one CashbackCredited outbox row per credit, and the sender delivers one SMS each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_full_walk_credits_once_sends_one_sms_and_writes_one_cashback_event() {
+    use effectively::provider_stub::ProviderStub;
+    let (topic, consumer) = (unique("walk"), unique("walk"));
+    let event_type = unique("PaymentSucceeded");
+    let channel = unique("sms");
+    create_topic(&topic, 2).await;
+    let mut db = pg().await;
+    let user = unique("u");
+    let payments: Vec<(String, Payment)> = (0..10)
+        .map(|i| {
+            let p = Payment::new(&user, 120_000 + i);
+            (p.payment_id.clone(), p)
+        })
+        .collect();
+    write_outbox(&mut db, &event_type, &payments).await;
+
+    // Delivery 1 and 2: the relay publishes, dies before marking, the next one publishes again.
+    let dir = std::env::temp_dir().join(unique("walk"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let relay_file = relay_config_file(&dir, &relay_section(&event_type, &topic, ""));
+    let mut first = spawn_relay(
+        &relay_file,
+        &dir.join("first.log"),
+        "relay_after_publish=return",
+    );
+    tokio::task::spawn_blocking(move || first.wait().unwrap())
+        .await
+        .unwrap();
+    let mut second = spawn_relay(&relay_file, &dir.join("second.log"), "");
+    eventually(30, "every payment published and marked", || async {
+        unpublished(&db, &event_type).await == 0
+    })
+    .await;
+    Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()
+        .unwrap();
+    second.wait().unwrap();
+    // Delivery 3: a redrive of the first payment, its bytes produced again at a new offset.
+    send_payments(&producer(), &topic, Some(0), &[payments[0].1.clone()]).await;
+    assert_eq!(records_on(&topic, 2), 21);
+
+    // Rewards, with an SMS per credit.
+    let handler = format!("{{ kind = \"cashback\", notify = \"{channel}\" }}");
+    let worker = start(config(&consumer, &topic, &handler, "")).await;
+    let stats = worker.stats(&consumer).unwrap();
+    wait_records(&stats, 21, 60).await;
+    worker.stop().await.unwrap();
+    assert_eq!(
+        ledger(&db, &consumer).await.credits,
+        10,
+        "one credit per payment"
+    );
+    assert!(doubly_credited(&db, &consumer).await.is_empty());
+    let ids: Vec<uuid::Uuid> = payments.iter().map(|(_, p)| p.event_id).collect();
+    let cashback_events: i64 = db
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE event_type = 'CashbackCredited'
+             AND (payload->>'cause_event_id')::uuid = ANY($1)",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(cashback_events, 10, "one CashbackCredited per credit");
+
+    // The sender delivers the SMS intents: one each, whatever the redeliveries upstream.
+    let stub = ProviderStub::start("127.0.0.1:0").await.unwrap();
+    let sender_config = effectively::config::Config::from_toml_str(&format!(
+        "[database]\nurl = \"{}\"\n[sender]\npoll_interval = \"50ms\"\n\
+         [sender.channels.{channel}]\nurl = \"{}/v1/messages\"\nlookup = true\n",
+        database_url(),
+        stub.url()
+    ))
+    .unwrap();
+    let stop = CancellationToken::new();
+    let sender = tokio::spawn(
+        effectively::sender::Sender::new(&sender_config)
+            .unwrap()
+            .run(stop.clone()),
+    );
+    eventually(30, "ten SMS sent", || async {
+        let sent: i64 = db
+            .query_one(
+                "SELECT count(*) FROM notifications WHERE channel = $1 AND status = 'SENT'",
+                &[&channel],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        sent == 10
+    })
+    .await;
+    stop.cancel();
+    sender.await.unwrap();
+    let messages = stub.messages();
+    assert_eq!(messages.len(), 10, "one SMS per payment");
+    for (_, p) in &payments {
+        assert_eq!(stub.effects_for(&format!("{channel}:{}", p.event_id)), 1);
+    }
+}
