@@ -50,9 +50,10 @@ test: up lint monitoring-check migrate
 	$(WITH_ENV) target/debug/loadgen orders --quick
 	$(WITH_ENV) target/debug/loadgen orders --quick --mode delta
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
+	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_VIA_OUTBOX=1 scripts/demo.sh
 
 # Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
-# half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE change it.
+# half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE, DEMO_VIA_OUTBOX change it.
 demo: up
 	scripts/demo.sh
 

@@ -10,9 +10,18 @@
 # DEMO_STRATEGY=inbox runs the consumer with `strategy = "inbox"` (each worker stores messages in
 # the inbox table and its 4 processors apply them); loadgen then also waits for the inbox to
 # have no PENDING or IN_PROGRESS row before it verifies, and counts FAILED inbox rows as parked.
+# DEMO_VIA_OUTBOX=1 runs the seed's outbox walk: loadgen --via-outbox writes every payment as an
+# outbox row (committed in batches of 100) and one `effectively relay` beside the workers
+# publishes PaymentSucceeded rows to the demo topic. Loadgen makes no resends then (a relay's
+# resend is the relay's own); half-way, besides the worker restart, the relay is SIGKILLed and
+# started again: rows it published but had not marked are published again, and the consumer
+# must still credit each payment once. Loadgen reads the topic back and prints how many records
+# the relay published again. Unpublished PaymentSucceeded rows left by an interrupted run are
+# published to this run's topic too (credited, not counted: verification goes by run id).
 # STACK_DIR picks the stack (default .stack/), as for scripts/stack.sh.
 #
-#   DEMO_SECONDS=60 DEMO_RATE=2000 DEMO_PROFILE=release DEMO_STRATEGY=batch DEMO_PROMETHEUS=0 scripts/demo.sh
+#   DEMO_SECONDS=60 DEMO_RATE=2000 DEMO_PROFILE=release DEMO_STRATEGY=batch DEMO_PROMETHEUS=0 \
+#     DEMO_VIA_OUTBOX=0 scripts/demo.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,6 +34,11 @@ STRATEGY=${DEMO_STRATEGY:-batch}
 case "$STRATEGY" in
   batch | inbox) ;;
   *) echo "DEMO_STRATEGY must be batch or inbox, not $STRATEGY" >&2; exit 2 ;;
+esac
+VIA_OUTBOX=${DEMO_VIA_OUTBOX:-0}
+case "$VIA_OUTBOX" in
+  0 | 1) ;;
+  *) echo "DEMO_VIA_OUTBOX must be 0 or 1, not $VIA_OUTBOX" >&2; exit 2 ;;
 esac
 RUN=$(date +%Y%m%d%H%M%S)-$$
 TOPIC=demo-payments-$RUN
@@ -52,6 +66,14 @@ say "topic $TOPIC ($PARTITIONS partitions)"
 scripts/stack.sh kafka org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BROKERS" \
   --create --topic "$TOPIC" --partitions "$PARTITIONS" --replication-factor 1 >/dev/null
 
+RELAY_TOML=
+if [ "$VIA_OUTBOX" = 1 ]; then
+  RELAY_TOML="[relay]
+topics = { PaymentSucceeded = \"$TOPIC\" }
+batch = 500
+poll_interval = \"50ms\"
+published = \"keep\""
+fi
 cat >"$OUT/effectively.toml" <<TOML
 [kafka]
 session_timeout = "10s"
@@ -59,6 +81,7 @@ session_timeout = "10s"
 "heartbeat.interval.ms" = "1000"
 [worker]
 revoke_deadline = "5s"
+$RELAY_TOML
 [[consumer]]
 name = "$CONSUMER"
 topics = ["$TOPIC"]
@@ -79,6 +102,50 @@ start_worker() {
 stop_worker() {
   kill -TERM "${PIDS[$1]}" 2>/dev/null || true
   wait "${PIDS[$1]}" || { echo "worker $1 did not exit cleanly" >&2; return 1; }
+}
+# DEMO_VIA_OUTBOX=1: the relay, metrics on DEMO_METRICS_PORT + 10 (9474, its default).
+start_relay() {
+  "$BIN/effectively" relay --config "$OUT/effectively.toml" \
+    --metrics-addr "127.0.0.1:$((${DEMO_METRICS_PORT:-9464} + 10))" >>"$OUT/relay.log" 2>&1 &
+  PIDS[relay]=$!
+}
+# Crashes the relay between publishing a batch and marking it: the crash its design answers by
+# publishing the batch again. A session of ours takes LOCK TABLE outbox IN SHARE MODE, as a
+# stalled disk would hold the relay's commit (loadgen's inserts and the workers' outbox rows wait
+# too, a few hundred ms): the relay claims and publishes a batch, the broker acknowledges it, and
+# the UPDATE that marks its rows waits for the lock. The relay is SIGKILLed there, and the lock
+# released: the dead relay's transaction rolls back, its rows stay unpublished for the next
+# relay. If no mark is seen waiting within 5 s, the relay is SIGKILLed wherever it is. Sets
+# AIMED to yes or no.
+crash_relay() {
+  local pid=${PIDS[relay]} ports mark locker
+  AIMED=no
+  # The relay's own connections (ss shows this user's processes), to tell its UPDATE apart.
+  ports=$(ss -tnpH 2>/dev/null | awk -v p="pid=$pid," 'index($0, p) { n = split($4, a, ":"); print a[n] }' | paste -sd, -)
+  mark="FROM pg_stat_activity WHERE ${ports:+client_port IN ($ports) AND} wait_event_type = 'Lock'
+          AND query LIKE 'UPDATE outbox SET published_at%'"
+  # Holds the lock until the mark has waited 0.5 s (time for the SIGKILL below), 5 s at most.
+  psql "$DATABASE_URL" -Xq -c "BEGIN; LOCK TABLE outbox IN SHARE MODE; DO \$\$
+      DECLARE until_ timestamptz := clock_timestamp() + interval '5 s';
+      BEGIN
+        LOOP
+          PERFORM pg_stat_clear_snapshot();
+          EXIT WHEN clock_timestamp() > until_
+            OR EXISTS (SELECT 1 $mark AND query_start < clock_timestamp() - interval '0.5 s');
+          PERFORM pg_sleep(0.01);
+        END LOOP;
+      END \$\$; COMMIT" &
+  locker=$!
+  while kill -0 "$locker" 2>/dev/null; do
+    if [ "$(psql "$DATABASE_URL" -XtAc "SELECT count(*) $mark")" != 0 ]; then
+      AIMED=yes
+      break
+    fi
+    sleep 0.02
+  done
+  kill -KILL "$pid"
+  wait "$pid" 2>/dev/null || true
+  wait "$locker" || true
 }
 cleanup() {
   for w in "${!PIDS[@]}"; do kill -TERM "${PIDS[$w]}" 2>/dev/null || true; done
@@ -102,6 +169,11 @@ say "starting workers a and b (logs: $OUT/worker-*.log)"
 : >"$OUT/worker-a.log"; : >"$OUT/worker-b.log"
 start_worker a
 start_worker b
+if [ "$VIA_OUTBOX" = 1 ]; then
+  say "starting the outbox relay (log: $OUT/relay.log)"
+  : >"$OUT/relay.log"
+  start_relay
+fi
 # Let the group form first: both workers have claimed partitions in PostgreSQL.
 for _ in $(seq 1 60); do
   owners=$(psql "$DATABASE_URL" -XtAc "SELECT count(DISTINCT owner) FROM consumer_offsets WHERE consumer = '$CONSUMER'")
@@ -109,9 +181,16 @@ for _ in $(seq 1 60); do
   sleep 0.5
 done
 
-say "loadgen: $RATE/s for ${SECONDS_}s, 10% resends, 1% redrives, 1% double taps, 0.1% poison ($STRATEGY strategy)"
+if [ "$VIA_OUTBOX" = 1 ]; then
+  PATH_ARGS=(--via-outbox)
+  MIX="outbox rows for the relay, 1% redrives, 1% double taps, 0.1% poison"
+else
+  PATH_ARGS=(--resend-rate 0.10)
+  MIX="10% resends, 1% redrives, 1% double taps, 0.1% poison"
+fi
+say "loadgen: $RATE/s for ${SECONDS_}s, $MIX ($STRATEGY strategy)"
 "$BIN/loadgen" --topic "$TOPIC" --partitions "$PARTITIONS" --consumer "$CONSUMER" \
-  --rate "$RATE" --duration "${SECONDS_}s" --resend-rate 0.10 --redrive-rate 0.01 \
+  --rate "$RATE" --duration "${SECONDS_}s" "${PATH_ARGS[@]}" --redrive-rate 0.01 \
   --redrive-delay "$((SECONDS_ / 4 + 1))s" --double-tap-rate 0.01 --poison-rate 0.001 \
   --report-dir target/loadgen ${DEMO_LOADGEN_ARGS:-} &
 LOADGEN=$!
@@ -120,6 +199,16 @@ sleep "$((SECONDS_ / 2))"
 say "rebalance: stopping worker a (SIGTERM) and starting it again"
 stop_worker a
 start_worker a
+if [ "$VIA_OUTBOX" = 1 ]; then
+  say "relay crash: SIGKILL between publishing a batch and marking it, and a new relay"
+  crash_relay
+  if [ "$AIMED" = yes ]; then
+    echo "killed with a batch acknowledged by the broker and not marked"
+  else
+    echo "no mark seen waiting within 5 s: killed wherever it was"
+  fi
+  start_relay
+fi
 
 set +e
 wait "$LOADGEN"
@@ -128,6 +217,11 @@ set -e
 stop_worker a
 stop_worker b
 unset 'PIDS[a]' 'PIDS[b]'
+if [ "$VIA_OUTBOX" = 1 ]; then
+  kill -TERM "${PIDS[relay]}" 2>/dev/null || true
+  wait "${PIDS[relay]}" || { echo "the relay did not exit cleanly" >&2; VERIFIED=1; }
+  unset 'PIDS[relay]'
+fi
 
 if [ "$VERIFIED" -eq 0 ]; then
   say "verified: every acknowledged payment credited exactly once"

@@ -3,10 +3,13 @@
 //! rows), and verifies the ledger: for every acknowledged unique payment exactly
 //! one effect, nothing unexpected, every poison record parked, wallets exact. Writes
 //! `report.json` and a self-contained `report.html`, and exits non-zero unless verified.
+//! `--via-outbox` writes the payments to the `outbox` table for `effectively relay` to
+//! publish, and verifies the same ledger ([`outbox`]).
 
 mod bench;
 mod chaos;
 mod orders;
+mod outbox;
 mod produce;
 mod report;
 mod verify;
@@ -91,6 +94,14 @@ struct Args {
     /// Hide the progress bar (CI logs).
     #[arg(long)]
     quiet: bool,
+    /// Write each payment (and double tap) as an `outbox` row, committed in batches of 100,
+    /// for `effectively relay` to publish with `PaymentSucceeded` routed to --topic; a payment
+    /// counts as sent once its row committed. No resends (the relay's own); redrives and poison
+    /// still go straight to Kafka. Before the drain loadgen waits up to --drain-timeout for
+    /// the relay to publish every row, then reads the topic back to count what the relay
+    /// published more than once.
+    #[arg(long)]
+    via_outbox: bool,
 }
 
 #[derive(Debug, Parser)]
@@ -170,7 +181,12 @@ impl Spec {
             plan: produce::parse_plan(&args.rate, args.duration).map_err(anyhow::Error::msg)?,
             limit: args.count,
             mix: Mix {
-                resend: args.resend_rate,
+                // Via the outbox a resend is the relay's (it is counted on the topic).
+                resend: if args.via_outbox {
+                    0.0
+                } else {
+                    args.resend_rate
+                },
                 redrive: args.redrive_rate,
                 redrive_delay: args.redrive_delay,
                 double_tap: args.double_tap_rate,
@@ -191,6 +207,9 @@ pub struct Session {
     db: Arc<tokio_postgres::Client>,
     producer: FutureProducer,
     watcher: LagWatcher,
+    brokers: String,
+    /// Set by [`Session::via_outbox`]: payments go to the `outbox` table.
+    outbox: Option<outbox::Writer>,
 }
 
 impl Session {
@@ -227,7 +246,30 @@ impl Session {
             db: Arc::new(db),
             producer,
             watcher: LagWatcher::new(brokers, topic, partitions)?,
+            brokers: brokers.to_string(),
+            outbox: None,
         })
+    }
+
+    /// Payments (and double taps) are written to the `outbox` table from now on.
+    pub async fn via_outbox(mut self, database_url: &str) -> anyhow::Result<Session> {
+        self.outbox = Some(outbox::Writer::connect(database_url).await?);
+        Ok(self)
+    }
+
+    /// Waits up to `timeout` for the relay to publish every outbox row of `run`; returns the
+    /// rows left unpublished (None: PostgreSQL did not answer).
+    pub async fn wait_published(&self, run: &Run, timeout: Duration) -> Option<i64> {
+        let start = Instant::now();
+        loop {
+            let left = outbox::unpublished(&self.db, &run.payment_prefix())
+                .await
+                .ok();
+            if left == Some(0) || start.elapsed() > timeout {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 
     /// Waits up to `timeout` for `consumer` to drain the topic (PostgreSQL's stored offsets
@@ -303,6 +345,8 @@ pub struct Produced {
     log: Vec<produce::Sent>,
     lag: Arc<Mutex<Vec<LagPoint>>>,
     sampler: tokio::task::JoinHandle<()>,
+    /// Via the outbox: the partitions' high watermarks when the run started.
+    topic_start: Option<Vec<i64>>,
 }
 
 impl Produced {
@@ -314,10 +358,16 @@ impl Produced {
 
 async fn run(args: Args) -> anyhow::Result<bool> {
     let spec = Spec::from_args(&args)?;
-    let session = Session::open(&spec).await?;
+    let mut session = Session::open(&spec).await?;
+    if args.via_outbox {
+        session = session.via_outbox(&spec.database_url).await?;
+    }
     let produced = produce_stage(&session, &spec).await?;
-    let report = finish_stage(&session, &spec, &produced).await?;
+    let (report, via_outbox) = finish(&session, &spec, &produced).await?;
     println!("{}", report::summary_table(&report));
+    if let Some(v) = &via_outbox {
+        println!("{}", v.summary());
+    }
     println!(
         "report: {} and {}",
         spec.report_dir.join("report.json").display(),
@@ -340,7 +390,7 @@ pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Pro
     let started_at = chrono::Utc::now();
     let offered = plan_summary(&spec.plan);
     eprintln!(
-        "loadgen run {} (seed {seed}): {}{} to {} ({} partitions), verifying consumer {:?}",
+        "loadgen run {} (seed {seed}): {}{} to {} ({} partitions){}, verifying consumer {:?}",
         run.id,
         offered.0,
         spec.limit
@@ -348,8 +398,20 @@ pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Pro
             .unwrap_or_default(),
         spec.topic,
         spec.partitions,
+        if session.outbox.is_some() {
+            format!(
+                " via the outbox table ({} rows for the relay; its resends are its own)",
+                outbox::EVENT_TYPE
+            )
+        } else {
+            String::new()
+        },
         spec.consumer
     );
+    let topic_start = match session.outbox {
+        Some(_) => Some(session.watcher.highs().await?),
+        None => None,
+    };
     let lag: Arc<Mutex<Vec<LagPoint>>> = Arc::default();
     let sampler = {
         let (lag, db, watcher, consumer, started) = (
@@ -405,6 +467,7 @@ pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Pro
         &spec.mix,
         &mut rng,
         Arc::clone(&progress),
+        session.outbox.as_ref(),
     )
     .await;
     let duration_s = run.started.elapsed().as_secs_f64();
@@ -419,6 +482,7 @@ pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Pro
         log,
         lag,
         sampler,
+        topic_start,
     })
 }
 
@@ -429,17 +493,53 @@ pub async fn finish_stage(
     spec: &Spec,
     produced: &Produced,
 ) -> anyhow::Result<Report> {
+    Ok(finish(session, spec, produced).await?.0)
+}
+
+/// [`finish_stage`], and via the outbox: first waits for the relay to publish every row of
+/// the run; after the verification reads the topic back ([`outbox::census`]); adds
+/// `via_outbox` to `report.json`.
+async fn finish(
+    session: &Session,
+    spec: &Spec,
+    produced: &Produced,
+) -> anyhow::Result<(Report, Option<ViaOutbox>)> {
+    let unpublished = match session.outbox {
+        Some(_) => {
+            let left = session
+                .wait_published(&produced.run, spec.drain_timeout)
+                .await;
+            if left != Some(0) {
+                eprintln!(
+                    "loadgen: {} outbox rows of this run still unpublished after {:?} \
+                     (is `effectively relay` running, with {} routed to {}?)",
+                    left.map_or("unknown (PostgreSQL did not answer)".into(), |n| n
+                        .to_string()),
+                    spec.drain_timeout,
+                    outbox::EVENT_TYPE,
+                    spec.topic
+                );
+            }
+            left
+        }
+        None => Some(0),
+    };
     let drain = session.drain(&spec.consumer, spec.drain_timeout).await;
     produced.sampler.abort();
     if let Some(problem) = drain.problem() {
         eprintln!("loadgen: {problem}");
     }
     let expected = verify::Expected::from_log(&produced.log, spec.rate_bp);
+    let latency_from = match session.outbox {
+        Some(_) => verify::LatencyFrom::OccurredAt,
+        None => verify::LatencyFrom::Record,
+    };
     let (observed, latencies) = verify::observe(
         &session.db,
         &spec.consumer,
         &produced.run,
         produced.started_at,
+        latency_from,
     )
     .await?;
     let verdict = verify::check(&expected, &observed);
@@ -462,9 +562,101 @@ pub async fn finish_stage(
             report.clock_step_s
         );
     }
-    report::write_json(&report, &spec.report_dir.join("report.json"))?;
+    let via_outbox = match &produced.topic_start {
+        Some(from) => {
+            report.rate_plan += " via the outbox";
+            Some(ViaOutbox::measure(session, spec, produced, from, unpublished).await?)
+        }
+        None => None,
+    };
+    let json = spec.report_dir.join("report.json");
+    report::write_json(&report, &json)?;
+    if let Some(v) = &via_outbox {
+        // report.rs knows nothing of the outbox: the object goes beside its fields.
+        let mut doc = serde_json::to_value(&report)?;
+        doc["via_outbox"] = serde_json::to_value(v)?;
+        std::fs::write(&json, serde_json::to_string_pretty(&doc)? + "\n")?;
+    }
     report::write_html(&report, &spec.report_dir.join("report.html"))?;
-    Ok(report)
+    Ok((report, via_outbox))
+}
+
+/// `report.json`'s `via_outbox`: how the run's payments went through the outbox and the relay.
+#[derive(Debug, serde::Serialize)]
+struct ViaOutbox {
+    event_type: &'static str,
+    /// Rows committed: payments and double taps (these count as sent and acked).
+    rows_committed: u64,
+    /// Rows of batches that failed (not counted as sent).
+    rows_failed: u64,
+    /// Records loadgen produced straight to Kafka and the broker acknowledged: redrives and
+    /// poison.
+    direct_records: u64,
+    /// Rows the relay had not published when loadgen stopped waiting (None: unknown).
+    unpublished: Option<i64>,
+    /// `latency_ms` runs from the payment's `occurred_at` (when loadgen made it, before its
+    /// row committed) to the credit, not from the record's timestamp (the relay's publish).
+    latency_from: &'static str,
+    /// What the topic holds of the run's rows (None: reading it back failed, said on stderr).
+    topic: Option<outbox::Census>,
+}
+
+impl ViaOutbox {
+    async fn measure(
+        session: &Session,
+        spec: &Spec,
+        produced: &Produced,
+        from: &[i64],
+        unpublished: Option<i64>,
+    ) -> anyhow::Result<ViaOutbox> {
+        let rows = produced.log.iter().filter(|s| s.outbox);
+        let direct = produced.log.iter().filter(|s| !s.outbox && s.acked);
+        // Records expected of each committed row on the topic: the relay's, and the redrives.
+        let mut expected: std::collections::HashMap<uuid::Uuid, u64> = rows
+            .clone()
+            .filter(|s| s.acked)
+            .filter_map(|s| s.event_id.map(|id| (id, 1)))
+            .collect();
+        for s in direct.clone().filter(|s| s.kind == Kind::Redrive) {
+            if let Some(n) = s.event_id.and_then(|id| expected.get_mut(&id)) {
+                *n += 1;
+            }
+        }
+        let to = session.watcher.highs().await?;
+        let (brokers, topic, from) = (session.brokers.clone(), spec.topic.clone(), from.to_vec());
+        let census = tokio::task::spawn_blocking(move || {
+            outbox::census(&brokers, &topic, &from, &to, &expected)
+        })
+        .await?
+        .inspect_err(|e| eprintln!("loadgen: {e:#}"))
+        .ok();
+        Ok(ViaOutbox {
+            event_type: outbox::EVENT_TYPE,
+            rows_committed: rows.clone().filter(|s| s.acked).count() as u64,
+            rows_failed: rows.filter(|s| !s.acked).count() as u64,
+            direct_records: direct.count() as u64,
+            unpublished,
+            latency_from: "occurred_at",
+            topic: census,
+        })
+    }
+
+    /// Lines for the terminal, below the summary table.
+    fn summary(&self) -> String {
+        let topic = match &self.topic {
+            Some(t) => format!(
+                "topic: {} records during the run, {} of them this run's rows: the relay \
+                 published {} records again ({} rows), {} rows it never published",
+                t.topic_records, t.row_records, t.republished, t.rows_republished, t.rows_missing
+            ),
+            None => "topic: not read back".into(),
+        };
+        format!(
+            "via the outbox: {} rows committed ({} failed), {} records straight to Kafka \
+             (redrives, poison); latency from the payment's occurred_at\n{topic}",
+            self.rows_committed, self.rows_failed, self.direct_records,
+        )
+    }
 }
 
 /// Seconds the wall clock advanced since `wall` beyond what the monotonic clock did since
@@ -636,6 +828,22 @@ impl LagWatcher {
             topic: topic.to_string(),
             partitions,
         })
+    }
+
+    /// Each partition's high watermark: where the next record will go.
+    async fn highs(&self) -> anyhow::Result<Vec<i64>> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<i64>> {
+            (0..me.partitions)
+                .map(|p| {
+                    Ok(me
+                        .client
+                        .fetch_watermarks(&me.topic, p, Duration::from_secs(5))?
+                        .1)
+                })
+                .collect()
+        })
+        .await?
     }
 
     async fn lag(&self, db: &tokio_postgres::Client, consumer: &str) -> anyhow::Result<i64> {

@@ -9,16 +9,28 @@
 //!   a JSON payload with an event id but none of a payment's fields (the batch strategy parks
 //!   it in `dead_letters` as soon as it arrives; the inbox stores it and its processor parks
 //!   the row as `FAILED`).
+//!
+//! Via the outbox (`--via-outbox`, [`crate::outbox`]), payments and double taps are written as
+//! outbox rows, committed in small batches, for `effectively relay` to publish: a payment is
+//! sent when its row committed. Resends are then the relay's own (it publishes a row again
+//! after a crash between the broker's acknowledgement and its commit), so loadgen makes none.
+//! A redrive still goes straight to Kafka, as an operator's would, once its row committed:
+//! the record the relay publishes (key = payment id, the `event_id` and `event_type` headers,
+//! the payload as stored). Poison never passes an outbox: it goes straight to Kafka too.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::Either;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Serialize;
+use uuid::Uuid;
+
+use crate::outbox;
 
 /// One step of the rate plan: `rate` msg/s (None: as fast as the broker takes them) for `for_`.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,8 +107,12 @@ pub struct Sent {
     pub payment_id: Option<String>,
     pub user_id: String,
     pub amount_paise: i64,
+    /// The `event_id` header (None: poison without one).
+    pub event_id: Option<Uuid>,
+    /// Written as an outbox row, not produced: `acked` then means its transaction committed.
+    pub outbox: bool,
     pub acked: bool,
-    /// Seconds since the run started, when the broker acknowledged it.
+    /// Seconds since the run started, when the broker acknowledged it (or the row committed).
     pub acked_at_s: f64,
 }
 
@@ -119,7 +135,40 @@ struct Record {
     key: String,
     payload: Vec<u8>,
     event_id: Option<String>,
+    /// The `event_type` header, as the relay sets it (only on a redrive of an outbox row).
+    event_type: Option<&'static str>,
     sent: Sent,
+}
+
+/// A payment and what it drew: the original and each duplicate or poison record.
+struct Draw {
+    original: Record,
+    resend: Option<Record>,
+    redrive: Option<Record>,
+    double_tap: Option<Record>,
+    poison: Option<Record>,
+}
+
+/// An outbox row waiting for its batch, with its place in the log; `redrive`: the redrive to
+/// schedule once the row committed.
+struct Pending {
+    idx: usize,
+    row: outbox::Row,
+    redrive: Option<Record>,
+}
+
+/// A record acknowledged (or not), or a batch of outbox rows committed (or not).
+enum Done {
+    Record {
+        idx: usize,
+        ok: bool,
+        at: f64,
+    },
+    Batch {
+        rows: Vec<Pending>,
+        committed: Result<std::collections::HashMap<Uuid, String>, String>,
+        at: f64,
+    },
 }
 
 /// Live counters for the progress bar.
@@ -130,7 +179,9 @@ pub struct Progress {
 }
 
 /// Produces the plan (or `limit` payments, whichever ends first), then the redrives still
-/// due, and waits for every acknowledgement.
+/// due, and waits for every acknowledgement. With `outbox`, payments and double taps are
+/// written there instead (module docs).
+#[allow(clippy::too_many_arguments)]
 pub async fn produce(
     producer: &FutureProducer,
     run: &Run,
@@ -139,10 +190,15 @@ pub async fn produce(
     mix: &Mix,
     rng: &mut fastrand::Rng,
     progress: Arc<Progress>,
+    outbox: Option<&outbox::Writer>,
 ) -> Vec<Sent> {
     let mut log: Vec<Sent> = Vec::new();
     let mut inflight = FuturesUnordered::new();
     let mut redrives: VecDeque<(Instant, Record)> = VecDeque::new();
+    // Outbox rows waiting for their batch, since when, and batches being written.
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut pending_since = Instant::now();
+    let mut batches: usize = 0;
     let mut seq: u64 = 0;
     const MAX_INFLIGHT: usize = 20_000;
 
@@ -151,12 +207,18 @@ pub async fn produce(
         let topic = run.topic.clone();
         let progress = Arc::clone(&progress);
         let started = run.started;
-        async move {
+        Either::Left(async move {
             let mut headers = OwnedHeaders::new();
             if let Some(id) = &rec.event_id {
                 headers = headers.insert(Header {
                     key: "event_id",
                     value: Some(id.as_bytes()),
+                });
+            }
+            if let Some(t) = rec.event_type {
+                headers = headers.insert(Header {
+                    key: "event_type",
+                    value: Some(t.as_bytes()),
                 });
             }
             let record = FutureRecord::to(&topic)
@@ -168,8 +230,25 @@ pub async fn produce(
             if ok {
                 progress.acked.fetch_add(1, Relaxed);
             }
-            (idx, ok, started.elapsed().as_secs_f64())
-        }
+            Done::Record {
+                idx,
+                ok,
+                at: started.elapsed().as_secs_f64(),
+            }
+        })
+    };
+    let write = |rows: Vec<Pending>| {
+        let writer = outbox.expect("outbox rows only with a writer");
+        let started = run.started;
+        Either::Right(async move {
+            let batch: Vec<outbox::Row> = rows.iter().map(|p| p.row.clone()).collect();
+            let committed = writer.write(&batch).await;
+            Done::Batch {
+                rows,
+                committed,
+                at: started.elapsed().as_secs_f64(),
+            }
+        })
     };
 
     let limit = limit.unwrap_or(u64::MAX);
@@ -186,12 +265,67 @@ pub async fn produce(
                 None => step_sent + 256,
             };
             while step_sent < due && inflight.len() < MAX_INFLIGHT && seq < limit {
-                for rec in next_records(run, mix, rng, &mut seq, &mut redrives) {
-                    let idx = log.len();
-                    log.push(rec.sent.clone());
-                    inflight.push(send(rec, idx));
+                if pending.len() >= outbox::BATCH {
+                    if batches >= outbox::MAX_BATCHES_IN_FLIGHT {
+                        break;
+                    }
+                    inflight.push(write(std::mem::take(&mut pending)));
+                    batches += 1;
+                }
+                let d = draw(run, mix, rng, &mut seq);
+                if outbox.is_none() {
+                    if let Some(r) = d.redrive {
+                        redrives.push_back((Instant::now() + mix.redrive_delay, r));
+                    }
+                    for rec in [Some(d.original), d.resend, d.double_tap, d.poison]
+                        .into_iter()
+                        .flatten()
+                    {
+                        let idx = log.len();
+                        log.push(rec.sent.clone());
+                        inflight.push(send(rec, idx));
+                    }
+                } else {
+                    // No resend: that is the relay's (module docs).
+                    if pending.is_empty() {
+                        pending_since = Instant::now();
+                    }
+                    let rows = [(d.original, d.redrive)]
+                        .into_iter()
+                        .chain(d.double_tap.map(|r| (r, None)));
+                    for (rec, redrive) in rows {
+                        let idx = log.len();
+                        log.push(Sent {
+                            outbox: true,
+                            ..rec.sent.clone()
+                        });
+                        progress.sent.fetch_add(1, Relaxed);
+                        pending.push(Pending {
+                            idx,
+                            row: outbox::Row {
+                                id: rec.sent.event_id.expect("a payment has an event id"),
+                                aggregate_id: rec.sent.payment_id.clone().expect("a payment"),
+                                payload: String::from_utf8(rec.payload)
+                                    .expect("serde_json writes UTF-8"),
+                            },
+                            redrive,
+                        });
+                    }
+                    if let Some(rec) = d.poison {
+                        let idx = log.len();
+                        log.push(rec.sent.clone());
+                        inflight.push(send(rec, idx));
+                    }
                 }
                 step_sent += 1;
+            }
+            // A batch whose first row has waited its window.
+            if !pending.is_empty()
+                && pending_since.elapsed() >= outbox::BATCH_WINDOW
+                && batches < outbox::MAX_BATCHES_IN_FLIGHT
+            {
+                inflight.push(write(std::mem::take(&mut pending)));
+                batches += 1;
             }
             // Redrives that are due.
             while redrives
@@ -209,29 +343,112 @@ pub async fn produce(
             loop {
                 tokio::select! {
                     _ = &mut tick => break,
-                    Some((idx, ok, at)) = inflight.next(), if !inflight.is_empty() => {
-                        log[idx].acked = ok;
-                        log[idx].acked_at_s = at;
+                    Some(done) = inflight.next(), if !inflight.is_empty() => {
+                        settle(done, &mut log, &mut redrives, mix, &mut batches, &progress);
                     }
                 }
             }
         }
     }
-    // Redrives scheduled near the end still go out, when they are due.
-    while let Some((due, rec)) = redrives.pop_front() {
-        tokio::time::sleep_until(due.into()).await;
-        let idx = log.len();
-        log.push(rec.sent.clone());
-        inflight.push(send(rec, idx));
+    if !pending.is_empty() {
+        inflight.push(write(std::mem::take(&mut pending)));
+        batches += 1;
     }
-    while let Some((idx, ok, at)) = inflight.next().await {
-        log[idx].acked = ok;
-        log[idx].acked_at_s = at;
+    // Redrives scheduled near the end still go out, when they are due (via the outbox, a batch
+    // committing now may schedule more).
+    loop {
+        let next_redrive = redrives.front().map(|(due, _)| *due);
+        if inflight.is_empty() && next_redrive.is_none() {
+            break;
+        }
+        let far = Instant::now() + Duration::from_secs(3600);
+        tokio::select! {
+            Some(done) = inflight.next(), if !inflight.is_empty() => {
+                settle(done, &mut log, &mut redrives, mix, &mut batches, &progress);
+            }
+            _ = tokio::time::sleep_until(next_redrive.unwrap_or(far).into()), if next_redrive.is_some() => {
+                let (_, rec) = redrives.pop_front().expect("checked");
+                let idx = log.len();
+                log.push(rec.sent.clone());
+                inflight.push(send(rec, idx));
+            }
+        }
     }
     log
 }
 
-/// The records for one more payment: the original and the duplicates or poison it draws.
+/// Books a record's acknowledgement, or a batch's commit; a committed row due for a redrive
+/// schedules it, as the relay will have published it.
+fn settle(
+    done: Done,
+    log: &mut [Sent],
+    redrives: &mut VecDeque<(Instant, Record)>,
+    mix: &Mix,
+    batches: &mut usize,
+    progress: &Progress,
+) {
+    match done {
+        Done::Record { idx, ok, at } => {
+            log[idx].acked = ok;
+            log[idx].acked_at_s = at;
+        }
+        Done::Batch {
+            rows,
+            committed,
+            at,
+        } => {
+            *batches = batches.saturating_sub(1);
+            let stored = match committed {
+                Ok(stored) => stored,
+                Err(e) => {
+                    eprintln!("loadgen: {e}; its payments count as not sent");
+                    return;
+                }
+            };
+            progress.acked.fetch_add(rows.len() as u64, Relaxed);
+            for p in rows {
+                log[p.idx].acked = true;
+                log[p.idx].acked_at_s = at;
+                if let Some(mut rec) = p.redrive {
+                    rec.key = p.row.aggregate_id;
+                    rec.event_type = Some(outbox::EVENT_TYPE);
+                    if let Some(payload) = stored.get(&p.row.id) {
+                        rec.payload = payload.clone().into_bytes();
+                    }
+                    rec.sent.outbox = false;
+                    redrives.push_back((Instant::now() + mix.redrive_delay, rec));
+                }
+            }
+        }
+    }
+}
+
+/// One more payment and what it draws, in the order the generator has always drawn them (so a
+/// seed draws the same payments and duplicates with or without the outbox).
+fn draw(run: &Run, mix: &Mix, rng: &mut fastrand::Rng, seq: &mut u64) -> Draw {
+    *seq += 1;
+    let n = *seq;
+    let user_id = format!("u_{}_{}", run.id, rng.u64(0..run.users.max(1)));
+    let payment_id = format!("{}{n}", run.payment_prefix());
+    let amount_paise = 100 * rng.i64(1..=5_000);
+    let original = payment_record(&payment_id, &user_id, amount_paise, Kind::Original);
+    let resend = (rng.f64() < mix.resend).then(|| copy_as(&original, Kind::Resend));
+    let redrive = (rng.f64() < mix.redrive).then(|| copy_as(&original, Kind::Redrive));
+    let double_tap = (rng.f64() < mix.double_tap)
+        .then(|| payment_record(&payment_id, &user_id, amount_paise, Kind::DoubleTap));
+    let poison = (rng.f64() < mix.poison).then(|| poison(run, n, &user_id, rng.bool()));
+    Draw {
+        original,
+        resend,
+        redrive,
+        double_tap,
+        poison,
+    }
+}
+
+/// The records for one more payment straight to Kafka: the original and the duplicates or
+/// poison it draws (a redrive goes on `redrives`, due after the mix's delay).
+#[cfg(test)]
 fn next_records(
     run: &Run,
     mix: &Mix,
@@ -239,35 +456,14 @@ fn next_records(
     seq: &mut u64,
     redrives: &mut VecDeque<(Instant, Record)>,
 ) -> Vec<Record> {
-    *seq += 1;
-    let n = *seq;
-    let user_id = format!("u_{}_{}", run.id, rng.u64(0..run.users.max(1)));
-    let payment_id = format!("{}{n}", run.payment_prefix());
-    let amount_paise = 100 * rng.i64(1..=5_000);
-    let original = payment_record(&payment_id, &user_id, amount_paise, Kind::Original);
-    let mut out = Vec::with_capacity(2);
-    if rng.f64() < mix.resend {
-        out.push(copy_as(&original, Kind::Resend));
+    let d = draw(run, mix, rng, seq);
+    if let Some(r) = d.redrive {
+        redrives.push_back((Instant::now() + mix.redrive_delay, r));
     }
-    if rng.f64() < mix.redrive {
-        redrives.push_back((
-            Instant::now() + mix.redrive_delay,
-            copy_as(&original, Kind::Redrive),
-        ));
-    }
-    if rng.f64() < mix.double_tap {
-        out.push(payment_record(
-            &payment_id,
-            &user_id,
-            amount_paise,
-            Kind::DoubleTap,
-        ));
-    }
-    if rng.f64() < mix.poison {
-        out.push(poison(run, n, &user_id, rng.bool()));
-    }
-    out.insert(0, original);
-    out
+    [Some(d.original), d.resend, d.double_tap, d.poison]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 fn payment_record(payment_id: &str, user_id: &str, amount_paise: i64, kind: Kind) -> Record {
@@ -284,11 +480,14 @@ fn payment_record(payment_id: &str, user_id: &str, amount_paise: i64, kind: Kind
         key: user_id.to_string(),
         payload,
         event_id: Some(event_id.to_string()),
+        event_type: None,
         sent: Sent {
             kind,
             payment_id: Some(payment_id.to_string()),
             user_id: user_id.to_string(),
             amount_paise,
+            event_id: Some(event_id),
+            outbox: false,
             acked: false,
             acked_at_s: 0.0,
         },
@@ -300,6 +499,7 @@ fn copy_as(r: &Record, kind: Kind) -> Record {
         key: r.key.clone(),
         payload: r.payload.clone(),
         event_id: r.event_id.clone(),
+        event_type: r.event_type,
         sent: Sent {
             kind,
             ..r.sent.clone()
@@ -343,16 +543,19 @@ fn poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Record {
     };
     Record {
         key: user_id.to_string(),
-        payload,
-        event_id,
         sent: Sent {
             kind,
             payment_id: None,
             user_id: user_id.to_string(),
             amount_paise: 0,
+            event_id: event_id.as_deref().and_then(|id| Uuid::parse_str(id).ok()),
+            outbox: false,
             acked: false,
             acked_at_s: 0.0,
         },
+        payload,
+        event_id,
+        event_type: None,
     }
 }
 
@@ -415,5 +618,79 @@ mod tests {
             recs[2].event_id, recs[0].event_id,
             "a double tap has a new event id"
         );
+    }
+
+    /// Via the outbox: a committed batch acks its rows and schedules the redrive as the relay
+    /// publishes the row (the payment id as key, the stored payload, the event type header); a
+    /// failed batch acks nothing and schedules nothing.
+    #[test]
+    fn a_committed_row_is_sent_and_its_redrive_repeats_the_relays_record() {
+        let run = Run {
+            id: "t".into(),
+            topic: "x".into(),
+            users: 10,
+            started: Instant::now(),
+        };
+        let mix = Mix {
+            resend: 0.0,
+            redrive: 1.0,
+            redrive_delay: Duration::ZERO,
+            double_tap: 0.0,
+            poison: 0.0,
+        };
+        let batch = |rng: &mut fastrand::Rng, seq: &mut u64| {
+            let d = draw(&run, &mix, rng, seq);
+            let id = d.original.sent.event_id.unwrap();
+            let row = outbox::Row {
+                id,
+                aggregate_id: d.original.sent.payment_id.clone().unwrap(),
+                payload: String::from_utf8(d.original.payload.clone()).unwrap(),
+            };
+            (
+                id,
+                d.original.sent.clone(),
+                vec![Pending {
+                    idx: (*seq - 1) as usize,
+                    row,
+                    redrive: d.redrive,
+                }],
+            )
+        };
+        let (mut rng, mut seq, progress) = (fastrand::Rng::with_seed(7), 0, Progress::default());
+        let (mut redrives, mut batches) = (VecDeque::new(), 2);
+        let (id, sent, rows) = batch(&mut rng, &mut seq);
+        let (_, sent2, rows2) = batch(&mut rng, &mut seq);
+        let mut log = vec![sent, sent2];
+        let stored = r#"{"event_id": "as stored"}"#.to_string();
+        let committed = Ok([(id, stored.clone())].into());
+        let done = Done::Batch {
+            rows,
+            committed,
+            at: 1.5,
+        };
+        settle(done, &mut log, &mut redrives, &mix, &mut batches, &progress);
+        let failed = Done::Batch {
+            rows: rows2,
+            committed: Err("connection lost".into()),
+            at: 2.0,
+        };
+        settle(
+            failed,
+            &mut log,
+            &mut redrives,
+            &mix,
+            &mut batches,
+            &progress,
+        );
+        assert_eq!((log[0].acked, log[0].acked_at_s), (true, 1.5));
+        assert!(!log[1].acked, "a failed batch's payment is not sent");
+        assert_eq!((batches, progress.acked.load(Relaxed)), (0, 1));
+        assert_eq!(redrives.len(), 1, "only the committed row is redriven");
+        let redrive = &redrives[0].1;
+        assert_eq!(redrive.key, log[0].payment_id.clone().unwrap());
+        assert_eq!(redrive.payload, stored.into_bytes());
+        assert_eq!(redrive.event_type, Some(outbox::EVENT_TYPE));
+        assert_eq!(redrive.event_id, Some(id.to_string()));
+        assert_eq!(redrive.sent.kind, Kind::Redrive);
     }
 }

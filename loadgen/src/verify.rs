@@ -144,22 +144,35 @@ pub fn check(expected: &Expected, observed: &Observed) -> Verdict {
     v
 }
 
-/// Reads this run's effects, wallets and dead letters, and the e2e latencies
-/// (`credited_at - kafka_ts`, in ms, with the commit time in seconds since the run started).
+/// Where an effect's latency starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyFrom {
+    /// The Kafka record's timestamp: when loadgen produced it.
+    Record,
+    /// The payment's `occurred_at`: when loadgen made it. Via the outbox the record's timestamp
+    /// is the relay's publish time, and would hide the time a row waited in the outbox.
+    OccurredAt,
+}
+
+/// Reads this run's effects, wallets and dead letters, and the e2e latencies (`credited_at`
+/// minus `from`, in ms, with the commit time in seconds since the run started).
 pub async fn observe(
     db: &tokio_postgres::Client,
     consumer: &str,
     run: &Run,
     run_started_at: chrono::DateTime<chrono::Utc>,
+    from: LatencyFrom,
 ) -> Result<(Observed, Vec<(f64, f64)>), tokio_postgres::Error> {
     let prefix = format!("{}%", run.payment_prefix());
+    let occurred = from == LatencyFrom::OccurredAt;
     let rows = db
         .query(
             "SELECT payment_id, user_id, cashback_paise,
                     extract(epoch FROM credited_at - $3::timestamptz)::float8,
-                    (extract(epoch FROM credited_at - kafka_ts) * 1000)::float8
+                    (extract(epoch FROM credited_at
+                        - CASE WHEN $4 THEN occurred_at ELSE kafka_ts END) * 1000)::float8
              FROM cashback_credits WHERE consumer = $1 AND payment_id LIKE $2",
-            &[&consumer, &prefix, &run_started_at],
+            &[&consumer, &prefix, &run_started_at, &occurred],
         )
         .await?;
     let mut observed = Observed::default();
