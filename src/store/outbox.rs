@@ -27,31 +27,51 @@ pub struct Row {
 
 const COLUMNS: &str = "o.id, o.aggregate_id, o.event_type, o.payload::text, o.created_at, o.seq";
 
-// `$1`: the event types served (NULL: all), `$2`: the limit.
-static CLAIM_HEADS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "SELECT {COLUMNS} FROM outbox o
-         WHERE o.published_at IS NULL AND ($1::text[] IS NULL OR o.event_type = ANY($1))
-           AND o.seq = (SELECT h.seq FROM outbox h
-                        WHERE h.aggregate_id = o.aggregate_id AND h.published_at IS NULL
-                          AND ($1::text[] IS NULL OR h.event_type = ANY($1))
-                        ORDER BY h.seq LIMIT 1)
-         ORDER BY o.seq LIMIT $2
-         FOR UPDATE OF o SKIP LOCKED"
-    )
+/// The event-type condition for a row aliased `alias`: the types served (`$1`), or none (a
+/// relay with a default topic; `$1` is then NULL and unused). Two statements rather than
+/// `($1 IS NULL OR event_type = ANY($1))`: with the OR, a generic plan cannot use the
+/// `(event_type, seq)` index and read every unpublished row (1.5 s a claim with 2.5 million
+/// unpublished rows of another type; 1 ms with the condition alone).
+fn of_types(typed: bool, alias: &str) -> String {
+    if typed {
+        format!("{alias}.event_type = ANY($1)")
+    } else {
+        "$1::text[] IS NULL".to_string()
+    }
+}
+
+// `$1`: the event types served, `$2`: the limit. [typed, all].
+static CLAIM_HEADS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    [true, false].map(|typed| {
+        format!(
+            "SELECT {COLUMNS} FROM outbox o
+             WHERE o.published_at IS NULL AND {o}
+               AND o.seq = (SELECT h.seq FROM outbox h
+                            WHERE h.aggregate_id = o.aggregate_id AND h.published_at IS NULL
+                              AND {h}
+                            ORDER BY h.seq LIMIT 1)
+             ORDER BY o.seq LIMIT $2
+             FOR UPDATE OF o SKIP LOCKED",
+            o = of_types(typed, "o"),
+            h = of_types(typed, "h"),
+        )
+    })
 });
 
 // The rows behind the heads this transaction locked (`$2` aggregates, `$3` the heads' ids).
 // No SKIP LOCKED: no other relay can hold them (they are not heads), and skipping one would
 // publish its successors before it.
-static CLAIM_FOLLOWERS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "SELECT {COLUMNS} FROM outbox o
-         WHERE o.published_at IS NULL AND ($1::text[] IS NULL OR o.event_type = ANY($1))
-           AND o.aggregate_id = ANY($2) AND o.id <> ALL($3)
-         ORDER BY o.aggregate_id, o.seq LIMIT $4
-         FOR UPDATE OF o"
-    )
+static CLAIM_FOLLOWERS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    [true, false].map(|typed| {
+        format!(
+            "SELECT {COLUMNS} FROM outbox o
+             WHERE o.published_at IS NULL AND {o}
+               AND o.aggregate_id = ANY($2) AND o.id <> ALL($3)
+             ORDER BY o.aggregate_id, o.seq LIMIT $4
+             FOR UPDATE OF o",
+            o = of_types(typed, "o"),
+        )
+    })
 });
 
 fn row(r: &tokio_postgres::Row) -> Row {
@@ -72,7 +92,8 @@ pub async fn claim(
     types: Option<&[String]>,
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
-    let stmt = tx.prepare_cached(&CLAIM_HEADS).await?;
+    let which = types.is_none() as usize;
+    let stmt = tx.prepare_cached(&CLAIM_HEADS[which]).await?;
     let mut rows: Vec<Row> = tx
         .query(&stmt, &[&types, &limit])
         .await?
@@ -85,7 +106,7 @@ pub async fn claim(
         aggregates.sort_unstable();
         aggregates.dedup();
         let heads: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-        let stmt = tx.prepare_cached(&CLAIM_FOLLOWERS).await?;
+        let stmt = tx.prepare_cached(&CLAIM_FOLLOWERS[which]).await?;
         let more = tx
             .query(&stmt, &[&types, &aggregates, &heads, &room])
             .await?;
@@ -117,9 +138,11 @@ pub async fn backlog<C: GenericClient + Sync>(
 ) -> Result<(i64, f64), StoreError> {
     let r = client
         .query_one(
-            "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-             FROM outbox WHERE published_at IS NULL
-               AND ($1::text[] IS NULL OR event_type = ANY($1))",
+            &format!(
+                "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+                 FROM outbox o WHERE o.published_at IS NULL AND {}",
+                of_types(types.is_some(), "o")
+            ),
             &[&types],
         )
         .await?;
