@@ -216,33 +216,21 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             metrics_addr,
         } => {
             let config = Config::load(&config)?;
-            if let Some(addr) =
-                metrics_addr_of(metrics_addr, &config, crate::metrics::DEFAULT_RELAY_ADDR)?
-            {
-                if let Err(e) = crate::metrics::install(addr) {
-                    tracing::error!(error = %e, "metrics endpoint not started");
-                }
-            }
-            crate::relay::run(config, shutdown_signal()).await?;
-            Ok(())
-        }
-        Command::ProviderStub { addr } => {
-            crate::provider_stub::serve(addr, shutdown_signal()).await?;
-            Ok(())
+            serve_metrics(metrics_addr, &config, crate::metrics::DEFAULT_RELAY_ADDR)?;
+            let relay = crate::relay::Relay::new(&config)?;
+            until_signal("outbox relay", |stop| relay.run(stop)).await
         }
         Command::Send {
             config,
             metrics_addr,
         } => {
             let config = Config::load(&config)?;
-            if let Some(addr) =
-                metrics_addr_of(metrics_addr, &config, crate::metrics::DEFAULT_SENDER_ADDR)?
-            {
-                if let Err(e) = crate::metrics::install(addr) {
-                    tracing::error!(error = %e, "metrics endpoint not started");
-                }
-            }
-            crate::sender::run(config, shutdown_signal()).await?;
+            serve_metrics(metrics_addr, &config, crate::metrics::DEFAULT_SENDER_ADDR)?;
+            let sender = crate::sender::Sender::new(&config)?;
+            until_signal("notification sender", |stop| sender.run(stop)).await
+        }
+        Command::ProviderStub { addr } => {
+            crate::provider_stub::serve(addr, shutdown_signal()).await?;
             Ok(())
         }
         Command::Migrate { database_url } => {
@@ -363,6 +351,41 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// Resolves on SIGTERM or SIGINT.
+/// Serves `/metrics` where [`metrics_addr_of`] says, if anywhere. An endpoint that cannot bind
+/// is logged, not fatal, as for `run`.
+fn serve_metrics(
+    arg: Option<String>,
+    config: &Config,
+    fallback: std::net::SocketAddr,
+) -> anyhow::Result<()> {
+    if let Some(addr) = metrics_addr_of(arg, config, fallback)? {
+        if let Err(e) = crate::metrics::install(addr) {
+            tracing::error!(error = %e, "metrics endpoint not started");
+        }
+    }
+    Ok(())
+}
+
+/// Runs a loop that stops when its token is cancelled (a relay's, a sender's) until SIGTERM or
+/// SIGINT. A round in flight is abandoned: its transaction rolls back, or its claim is taken
+/// over later.
+async fn until_signal<F>(
+    what: &str,
+    task: impl FnOnce(tokio_util::sync::CancellationToken) -> F,
+) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let stop = tokio_util::sync::CancellationToken::new();
+    let handle = tokio::spawn(task(stop.clone()));
+    tracing::info!("{what} started");
+    shutdown_signal().await;
+    stop.cancel();
+    handle.await?;
+    tracing::info!("{what} stopped");
+    Ok(())
+}
+
 /// `--metrics-addr` (`off`, or host:port), else the config's `worker.metrics_addr`, else
 /// `fallback`.
 fn metrics_addr_of(

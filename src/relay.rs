@@ -16,7 +16,6 @@
 //! the row locks keep them off each other's rows, and each aggregate's rows are taken by one
 //! relay at a time, so its order holds.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
@@ -219,18 +218,4 @@ impl Relay {
             Err(e) => tracing::debug!(error = %e, "outbox relay: sampling the backlog failed"),
         }
     }
-}
-
-/// The life of `effectively relay`: run until `shutdown` resolves (a round in flight is
-/// abandoned: its transaction rolls back and its rows stay unpublished).
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RelayError> {
-    let relay = Relay::new(&config)?;
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(relay.run(stop.clone()));
-    tracing::info!("outbox relay started");
-    shutdown.await;
-    stop.cancel();
-    let _ = task.await;
-    tracing::info!("outbox relay stopped");
-    Ok(())
 }

@@ -23,7 +23,6 @@
 //! `on_interrupted` decides: `resend` (same key: once with a key-honouring provider) or `skip`
 //! (at most once). Past `retry.max_attempts` a notification is FAILED, and alerted on.
 
-use std::future::Future;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -351,18 +350,4 @@ impl Sender {
             Err(e) => tracing::debug!(error = %e, "notification sender: sampling failed"),
         }
     }
-}
-
-/// The life of `effectively send`: run until `shutdown` resolves. A call in flight is
-/// abandoned; its row stays SENDING and is taken over as interrupted after `sending_timeout`.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), SenderError> {
-    let sender = Sender::new(&config)?;
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(sender.run(stop.clone()));
-    tracing::info!("notification sender started");
-    shutdown.await;
-    stop.cancel();
-    let _ = task.await;
-    tracing::info!("notification sender stopped");
-    Ok(())
 }
