@@ -267,6 +267,22 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     c.group_id(),
                     c.handler
                 );
+                if let Some(v) = &c.version {
+                    println!(
+                        "    versions: aggregate {}, version {}, mode {:?}",
+                        v.aggregate, v.version, v.mode
+                    );
+                }
+            }
+            if let Some(r) = &config.relay {
+                println!(
+                    "  relay: topics {:?}, default topic {:?}, batch {}, published {:?}",
+                    r.topics, r.topic, r.batch, r.published
+                );
+            }
+            if let Some(s) = &config.sender {
+                let channels: Vec<&String> = s.channels.keys().collect();
+                println!("  sender: channels {channels:?}, batch {}", s.batch);
             }
             Ok(())
         }

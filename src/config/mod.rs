@@ -782,6 +782,36 @@ ordering_key = "kafka_key"  # or { json_pointer = "/user_id" }, or "none"
 claim = "lock"              # or "lease": IN_PROGRESS + lease_until, reclaimed after expiry
 lease = "5m"                # claim = "lease" only: a dead processor's rows wait this long
 done = "keep"               # or "delete"; kept rows go when retention drops their partition
+
+# Versioned writes: each order's last status, moved only forward (out-of-order and stale copies
+# change nothing; see README "Versioned writes").
+[[consumer]]
+name = "orders"
+topics = ["order-status"]
+handler = { kind = "order-status" }   # order_status_view (order_id, status, version)
+
+[consumer.version]
+aggregate = "/order_id"     # JSON pointers into the payload
+version = "/version"
+mode = "full-state"         # or "delta": only stored + 1 applies; later versions wait HELD
+gap_alert_after = "5m"      # delta: a gap held longer raises EffectivelyVersionGapOverdue
+
+# `effectively relay`: publishes the outbox table's rows to Kafka, in order per aggregate.
+[relay]
+topics = { CashbackCredited = "cashback-credited" }   # event type -> topic
+batch = 500
+poll_interval = "100ms"
+published = "keep"          # or "delete"
+
+# `effectively send`: delivers notifications recorded by handlers (cashback with
+# notify = "sms") with idempotency keys.
+# [sender]
+# request_timeout = "10s"
+# sending_timeout = "60s"
+# [sender.channels.sms]
+# url = "https://sms.example/v1/messages"
+# lookup = true              # the provider answers GET url?idempotency_key=K
+# on_interrupted = "resend"  # or "skip", when it cannot be asked
 "#;
 
 #[cfg(test)]
