@@ -74,11 +74,17 @@ batch = 500
 poll_interval = \"50ms\"
 published = \"keep\""
 fi
+# DEMO_ASSIGNOR (e.g. "range,roundrobin", the eager protocol) replaces the engine's
+# cooperative-sticky assignment, to compare rebalances side by side.
+ASSIGNOR_TOML=
+if [ -n "${DEMO_ASSIGNOR:-}" ]; then
+  ASSIGNOR_TOML="\"partition.assignment.strategy\" = \"$DEMO_ASSIGNOR\""
+fi
 cat >"$OUT/effectively.toml" <<TOML
 [kafka]
 session_timeout = "10s"
 [kafka.options]
-"heartbeat.interval.ms" = "1000"
+$ASSIGNOR_TOML
 [worker]
 revoke_deadline = "5s"
 $RELAY_TOML

@@ -9,6 +9,10 @@
 #   scripts/stack.sh env       print the environment (KAFKA_BROKERS, DATABASE_URL)
 #   scripts/stack.sh reset     down, then delete data (keeps the cached jars)
 #   scripts/stack.sh pg-crash | kafka-crash   stop a service the hard way (then `up` again)
+#   scripts/stack.sh redis-up  Redis for the optional pre-filter, only on demand (`up` never starts
+#                              it): Debian's redis-server (installed if missing), loopback, no
+#                              persistence; writes .stack/redis.env (REDIS_URL) and prints the URL
+#   scripts/stack.sh redis-down | redis-crash (SIGKILL) | redis-install (prints the binary's path)
 #   scripts/stack.sh kafka CLASS ARGS...   run a Kafka tool, e.g.
 #        scripts/stack.sh kafka org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list
 #
@@ -243,6 +247,70 @@ pg_down() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# Redis (on demand only: the pre-filter's tests, its benchmark, a user who wants to try it)
+# ---------------------------------------------------------------------------------------------
+
+REDIS_HOME=$STACK_DIR/redis
+
+redis_install() {
+  command -v redis-server >/dev/null && return 0
+  log "installing Debian's redis-server (apt-get)"
+  command -v apt-get >/dev/null || die "no redis-server and no apt-get to install it"
+  export DEBIAN_FRONTEND=noninteractive
+  # The package starts a system-wide Redis on 6379 where it can: forbid that (exit 101, "action
+  # forbidden by policy") for the installation; only the binary is wanted.
+  local policy=/usr/sbin/policy-rc.d placed=
+  if [ ! -e "$policy" ] && [ "$(id -u)" = 0 ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && placed=1
+  fi
+  local status=0
+  { apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } || status=$?
+  [ -n "$placed" ] && rm -f "$policy"
+  [ "$status" = 0 ] || die "apt-get install redis-server failed"
+  command -v redis-server >/dev/null || die "redis-server installed but not on PATH"
+}
+
+redis_answers() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
+
+redis_up() {
+  redis_install
+  mkdir -p "$REDIS_HOME"
+  local port
+  if pid_alive "$REDIS_HOME/pid"; then
+    port=$(cat "$REDIS_HOME/port")
+    log "redis already running (pid $(cat "$REDIS_HOME/pid")) on 127.0.0.1:$port"
+  else
+    port=${REDIS_PORT:-6379}
+    while port_busy "$port"; do port=$((port + 1)); done
+    echo "$port" >"$REDIS_HOME/port"
+    log "starting $(redis-server --version | awk '{print $1, $3}') on 127.0.0.1:$port (no persistence; log: $REDIS_HOME/redis.log)"
+    # A cache, not a store: nothing saved, nothing appended; evicts least recently used keys
+    # when REDIS_MAXMEMORY (default none) is reached.
+    redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --dir "$REDIS_HOME" \
+      --daemonize yes --pidfile "$REDIS_HOME/pid" --logfile "$REDIS_HOME/redis.log" \
+      --maxmemory "${REDIS_MAXMEMORY:-0}" --maxmemory-policy allkeys-lru >/dev/null ||
+      die "redis-server did not start (see $REDIS_HOME/redis.log)"
+    local i
+    for i in $(seq 1 50); do redis_answers "$port" && break; sleep 0.1; done
+    redis_answers "$port" || die "redis did not answer on 127.0.0.1:$port (see $REDIS_HOME/redis.log)"
+  fi
+  echo "export REDIS_URL=redis://127.0.0.1:$port" >"$STACK_DIR/redis.env"
+  echo "redis://127.0.0.1:$port"
+}
+
+redis_down() {
+  local sig=${1:-TERM}
+  pid_alive "$REDIS_HOME/pid" || { rm -f "$REDIS_HOME/pid" "$STACK_DIR/redis.env"; return 0; }
+  local pid i
+  pid=$(cat "$REDIS_HOME/pid")
+  log "stopping redis (pid $pid, SIG$sig)"
+  kill -"$sig" "$pid" 2>/dev/null || true
+  for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$REDIS_HOME/pid" "$STACK_DIR/redis.env"
+}
+
+# ---------------------------------------------------------------------------------------------
 
 write_env() {
   cat >"$STACK_DIR/env" <<EOF
@@ -264,6 +332,9 @@ status() {
   else
     echo "postgresql: stopped"
   fi
+  if pid_alive "$REDIS_HOME/pid"; then
+    echo "redis:      running, pid $(cat "$REDIS_HOME/pid"), redis://127.0.0.1:$(cat "$REDIS_HOME/port") (on demand)"
+  fi
 }
 
 mkdir -p "$STACK_DIR"
@@ -277,6 +348,7 @@ case "${1:-}" in
   down)
     kafka_down
     pg_down
+    redis_down
     rm -f "$STACK_DIR/env" "$STACK_DIR/kafka.brokers"
     ;;
   status) status ;;
@@ -298,13 +370,20 @@ case "${1:-}" in
     pid_alive "$KAFKA_HOME/pid" && kill -KILL "$(cat "$KAFKA_HOME/pid")"
     rm -f "$KAFKA_HOME/pid"
     ;;
+  redis-up) redis_up ;;
+  redis-down) redis_down ;;
+  redis-crash) redis_down KILL ;;
+  redis-install)
+    redis_install
+    command -v redis-server
+    ;;
   kafka)
     shift
     kafka_jars
     kafka_java "$@"
     ;;
   *)
-    sed -n '2,17p' "$0" >&2
+    sed -n '2,20p' "$0" >&2
     exit 2
     ;;
 esac

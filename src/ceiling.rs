@@ -144,7 +144,7 @@ pub async fn run(
         tasks.spawn(async move {
             let mut out = crate::strategy::Outcome::default();
             for b in batches {
-                out.add(Batched.process(&ctx, b, &|_| {}).await?);
+                out.add(Batched::default().process(&ctx, b, &|_| {}).await?);
             }
             Ok::<_, crate::strategy::BatchError>(out)
         });

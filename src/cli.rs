@@ -273,6 +273,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                         v.aggregate, v.version, v.mode
                     );
                 }
+                if let Some(f) = &c.prefilter {
+                    println!(
+                        "    prefilter: redis {}, ttl {}, timeout {}",
+                        f.redis,
+                        f.ttl,
+                        humantime_serde::re::humantime::format_duration(f.timeout)
+                    );
+                }
             }
             if let Some(r) = &config.relay {
                 println!(

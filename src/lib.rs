@@ -24,6 +24,9 @@
 //! - [`strategy`]: what a batch does to the database: [`strategy::batched`] (the default, one
 //!   transaction per batch), [`strategy::per_message`] (the seed's idempotent consumer) and
 //!   [`strategy::inbox`] (the inbox's receiver: store, commit, ack).
+//! - [`prefilter`]: the optional Redis pre-filter the batch and per-message strategies consult
+//!   before their transaction and feed after `COMMIT` (never the authority: any Redis failure
+//!   falls through to PostgreSQL).
 //! - [`handler`]: the effect: the trait, [`handler::cashback`], [`handler::sql`].
 //! - [`store`]: every SQL statement, each function taking the caller's transaction: offsets
 //!   and fencing ([`store::offsets`]), staging by `COPY` ([`store::copy`]), the dedupe insert
@@ -45,6 +48,7 @@ pub mod envelope;
 pub mod handler;
 pub mod inbox;
 pub mod metrics;
+pub mod prefilter;
 pub mod provider_stub;
 pub mod relay;
 pub mod sender;

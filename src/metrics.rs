@@ -52,6 +52,10 @@ pub const NOTIFICATION_OLDEST_AGE: &str = "effectively_notification_oldest_pendi
 pub const VERSION_SKIPPED: &str = "effectively_version_skipped_total";
 pub const VERSION_HELD: &str = "effectively_version_held_events";
 pub const VERSION_GAPS_OVERDUE: &str = "effectively_version_gaps_overdue";
+pub const PREFILTER_LOOKUPS: &str = "effectively_prefilter_lookups_total";
+pub const PREFILTER_SETS: &str = "effectively_prefilter_sets_total";
+pub const PREFILTER_ERRORS: &str = "effectively_prefilter_errors_total";
+pub const PREFILTER_DURATION: &str = "effectively_prefilter_duration_seconds";
 
 /// Every metric name, for tests that check dashboards and alert rules against them.
 pub const ALL: &[&str] = &[
@@ -92,6 +96,10 @@ pub const ALL: &[&str] = &[
     VERSION_SKIPPED,
     VERSION_HELD,
     VERSION_GAPS_OVERDUE,
+    PREFILTER_LOOKUPS,
+    PREFILTER_SETS,
+    PREFILTER_ERRORS,
+    PREFILTER_DURATION,
 ];
 
 /// Where `effectively run` serves `/metrics` unless told otherwise.
@@ -316,6 +324,26 @@ fn describe() {
         Unit::Count,
         "Leased inbox rows a processor skipped because their lease ran out before it locked them and another processor reclaimed them (a stalled process, or a lease too short)."
     );
+    describe_counter!(
+        PREFILTER_LOOKUPS,
+        Unit::Count,
+        "Dedupe keys looked up in the Redis pre-filter before a transaction, by result: hit (committed already: skipped), miss (to PostgreSQL), error (Redis did not answer in time, failed, or is away: to PostgreSQL)."
+    );
+    describe_counter!(
+        PREFILTER_SETS,
+        Unit::Count,
+        "Committed dedupe keys written to the Redis pre-filter after COMMIT, by result: ok, error (not written: only future hits are lost)."
+    );
+    describe_counter!(
+        PREFILTER_ERRORS,
+        Unit::Count,
+        "Redis round trips of the pre-filter that failed, by op (lookup, set, connect) and kind (timeout, error). Each opens a short circuit during which batches skip Redis."
+    );
+    describe_histogram!(
+        PREFILTER_DURATION,
+        Unit::Seconds,
+        "Time of one pre-filter round trip to Redis, by op: lookup (one MGET per batch), set (one pipeline per commit)."
+    );
     describe_gauge!(
         POOL_CONNECTIONS,
         Unit::Count,
@@ -369,7 +397,7 @@ pub fn batch_committed(consumer: &str, topic: &str, o: &Outcome, took: Duration)
         .record(took.as_secs_f64());
     // Phases that did not run in this batch (nothing to stage, nothing fresh) are not
     // recorded as zeros.
-    let candidates = o.fresh + o.duplicates > 0;
+    let candidates = o.fresh + o.duplicates - o.prefilter_hits > 0;
     for (phase, d, ran) in [
         ("fence", o.phases.fence, true),
         ("stage", o.phases.stage, candidates),
@@ -387,7 +415,11 @@ pub fn batch_committed(consumer: &str, topic: &str, o: &Outcome, took: Duration)
     }
     counter!(EFFECTS_APPLIED, "consumer" => c.clone(), "topic" => t.clone()).increment(o.effects);
     counter!(DUPLICATES_SKIPPED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => "dedupe_key")
-        .increment(o.duplicates);
+        .increment(o.duplicates - o.prefilter_hits);
+    if o.prefilter_hits > 0 {
+        counter!(DUPLICATES_SKIPPED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => "prefilter")
+            .increment(o.prefilter_hits);
+    }
     counter!(DUPLICATES_SKIPPED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => "business_key")
         .increment(o.business_duplicates);
     counter!(TRANSIENT_RETRIES, "consumer" => c.clone(), "topic" => t.clone()).increment(o.retries);
@@ -579,4 +611,79 @@ pub fn notifications_status(channel: &str, pending: i64, sending: i64, failed: i
             .set(n as f64);
     }
     gauge!(NOTIFICATION_OLDEST_AGE, "channel" => channel.to_string()).set(oldest_s);
+}
+
+/// The pre-filter's series of one consumer, resolved once (every batch moves them).
+pub struct PrefilterMetrics {
+    hit: Counter,
+    miss: Counter,
+    error: Counter,
+    set_ok: Counter,
+    set_error: Counter,
+    lookup_seconds: metrics::Histogram,
+    set_seconds: metrics::Histogram,
+    consumer: String,
+}
+
+impl PrefilterMetrics {
+    /// Publishes every series at 0, so that rate() and increase() see the first event.
+    pub fn new(consumer: &str) -> Self {
+        let c = consumer.to_string();
+        let lookups =
+            |r: &'static str| counter!(PREFILTER_LOOKUPS, "consumer" => c.clone(), "result" => r);
+        let sets =
+            |r: &'static str| counter!(PREFILTER_SETS, "consumer" => c.clone(), "result" => r);
+        let m = PrefilterMetrics {
+            hit: lookups("hit"),
+            miss: lookups("miss"),
+            error: lookups("error"),
+            set_ok: sets("ok"),
+            set_error: sets("error"),
+            lookup_seconds: histogram!(PREFILTER_DURATION, "consumer" => c.clone(), "op" => "lookup"),
+            set_seconds: histogram!(PREFILTER_DURATION, "consumer" => c.clone(), "op" => "set"),
+            consumer: c,
+        };
+        for counter in [&m.hit, &m.miss, &m.error, &m.set_ok, &m.set_error] {
+            counter.increment(0);
+        }
+        for op in ["lookup", "set", "connect"] {
+            for kind in ["timeout", "error"] {
+                counter!(PREFILTER_ERRORS, "consumer" => m.consumer.clone(), "op" => op, "kind" => kind)
+                    .increment(0);
+            }
+        }
+        m
+    }
+
+    pub fn looked_up(&self, hits: u64, misses: u64) {
+        self.hit.increment(hits);
+        self.miss.increment(misses);
+    }
+
+    /// Keys that went to PostgreSQL without an answer from Redis.
+    pub fn fell_through(&self, keys: u64) {
+        self.error.increment(keys);
+    }
+
+    pub fn set(&self, keys: u64) {
+        self.set_ok.increment(keys);
+    }
+
+    pub fn not_set(&self, keys: u64) {
+        self.set_error.increment(keys);
+    }
+
+    pub fn round_trip(&self, op: crate::prefilter::Op, took: Duration) {
+        match op {
+            crate::prefilter::Op::Lookup => self.lookup_seconds.record(took.as_secs_f64()),
+            crate::prefilter::Op::Set => self.set_seconds.record(took.as_secs_f64()),
+            crate::prefilter::Op::Connect => {}
+        }
+    }
+
+    pub fn failed(&self, op: crate::prefilter::Op, timeout: bool) {
+        let kind = if timeout { "timeout" } else { "error" };
+        counter!(PREFILTER_ERRORS, "consumer" => self.consumer.clone(), "op" => op.as_str(), "kind" => kind)
+            .increment(1);
+    }
 }

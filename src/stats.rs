@@ -14,6 +14,8 @@ pub struct Stats {
     pub fresh: AtomicU64,
     pub effects: AtomicU64,
     pub duplicates: AtomicU64,
+    /// Duplicates the Redis pre-filter caught (counted in `duplicates` too).
+    pub prefilter_hits: AtomicU64,
     pub business_duplicates: AtomicU64,
     pub below_stored_offset: AtomicU64,
     pub parked: AtomicU64,
@@ -33,6 +35,7 @@ pub struct Snapshot {
     pub fresh: u64,
     pub effects: u64,
     pub duplicates: u64,
+    pub prefilter_hits: u64,
     pub business_duplicates: u64,
     pub below_stored_offset: u64,
     pub parked: u64,
@@ -49,6 +52,7 @@ impl Stats {
         self.fresh.fetch_add(o.fresh, Relaxed);
         self.effects.fetch_add(o.effects, Relaxed);
         self.duplicates.fetch_add(o.duplicates, Relaxed);
+        self.prefilter_hits.fetch_add(o.prefilter_hits, Relaxed);
         self.business_duplicates
             .fetch_add(o.business_duplicates, Relaxed);
         self.parked.fetch_add(o.parked.len() as u64, Relaxed);
@@ -105,6 +109,7 @@ impl Stats {
             fresh: self.fresh.load(Relaxed),
             effects: self.effects.load(Relaxed),
             duplicates: self.duplicates.load(Relaxed),
+            prefilter_hits: self.prefilter_hits.load(Relaxed),
             business_duplicates: self.business_duplicates.load(Relaxed),
             below_stored_offset: self.below_stored_offset.load(Relaxed),
             parked: self.parked.load(Relaxed),

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, Strategy as StrategyKind};
 use crate::handler::Registry;
 use crate::inbox::processor::{self, ProcessorError, Processors};
+use crate::prefilter::Prefilter;
 use crate::source::consumer::{Source, SourceError};
 use crate::stats::Stats;
 use crate::store::partitions::Known;
@@ -140,9 +141,16 @@ impl Worker {
                 crate::metrics::version_consumer(&c.name);
             }
             let s = Arc::new(Stats::default());
+            let prefilter = match &c.prefilter {
+                Some(p) => Some(Arc::new(
+                    Prefilter::new(&c.name, p, c.retention)
+                        .map_err(|e| WorkerError::Config(e.to_string()))?,
+                )),
+                None => None,
+            };
             let strategy: Arc<dyn Strategy> = match c.strategy {
-                StrategyKind::Batch => Arc::new(Batched),
-                StrategyKind::PerMessage => Arc::new(PerMessage),
+                StrategyKind::Batch => Arc::new(Batched { prefilter }),
+                StrategyKind::PerMessage => Arc::new(PerMessage { prefilter }),
                 StrategyKind::Inbox => {
                     let stored = Arc::new(tokio::sync::Notify::new());
                     inbox_processors.push((

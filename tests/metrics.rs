@@ -198,6 +198,8 @@ struct Fixture {
     fenced_consumer: String,
     /// A third, with the inbox strategy: five payments received and applied.
     inbox_consumer: String,
+    /// A fifth, with a Redis pre-filter: five payments applied, then the same five again.
+    prefilter_consumer: String,
     /// Every record produced to the consumer's topic.
     sent: u64,
     /// Unique payments: what must be credited.
@@ -287,12 +289,13 @@ async fn set_up() -> Fixture {
     })
     .await;
 
-    // A second consumer, fenced once: a usurper claims its partition in PostgreSQL, so its
-    // next batch hits the epoch fence; then a new member joins and the zombie's partition is
-    // revoked in the rebalance.
+    // A second consumer, fenced once: a usurper claims its partition 0 in PostgreSQL, so its
+    // next batch hits the epoch fence; then a new member joins and one of the zombie's two
+    // partitions is revoked in the (cooperative) rebalance. The fenced payment is applied by
+    // the heir if partition 0 moved, or by the zombie claiming it again if it stayed.
     let fenced_consumer = common::unique("metrics-fenced");
     let fenced_topic = common::unique("metrics-fenced");
-    common::create_topic(&fenced_topic, 1).await;
+    common::create_topic(&fenced_topic, 2).await;
     let zcfg = common::config(
         &fenced_consumer,
         &fenced_topic,
@@ -389,6 +392,31 @@ async fn set_up() -> Fixture {
         async move { common::stored_offset(db, c, t, 0).await == Some(3) }
     })
     .await;
+
+    // A fifth, with a Redis pre-filter (a redis-server of its own): five payments applied and
+    // set in Redis, then the same five records again, which hit.
+    let redis = common::redis_server::Redis::start();
+    let prefilter_consumer = common::unique("metrics-prefilter");
+    let prefilter_topic = common::unique("metrics-prefilter");
+    common::create_topic(&prefilter_topic, 1).await;
+    let prefiltered = common::start(common::config(
+        &prefilter_consumer,
+        &prefilter_topic,
+        r#"{ kind = "cashback" }"#,
+        &format!(
+            "[consumer.prefilter]\nredis = \"{}\"\ntimeout = \"1s\"",
+            redis.url()
+        ),
+    ))
+    .await;
+    let pstats = prefiltered.stats(&prefilter_consumer).unwrap();
+    let prefilter_payments: Vec<Payment> = (0..5).map(|i| Payment::new(&user, 700 + i)).collect();
+    common::send_payments(&producer, &prefilter_topic, Some(0), &prefilter_payments).await;
+    common::wait_records(&pstats, 5, 40).await;
+    common::send_payments(&producer, &prefilter_topic, Some(0), &prefilter_payments).await;
+    common::wait_records(&pstats, 10, 40).await;
+    prefiltered.stop().await.unwrap();
+    drop(redis);
 
     // An outbox relay in this process, publishing one row.
     let relay_type = common::unique("MetricsEvent");
@@ -505,6 +533,7 @@ async fn set_up() -> Fixture {
         consumer,
         fenced_consumer,
         inbox_consumer,
+        prefilter_consumer,
         sent,
         payments: payments.len() as u64,
         copies: copies.len() as u64,
@@ -543,6 +572,49 @@ fn the_inbox_counters_agree_with_its_ledger() {
         assert_eq!(sum(&s, metrics::INBOX_OLDEST_PENDING_AGE, &me), 0.0);
         // The receiver counts its records like any strategy; it applies nothing itself.
         assert_eq!(sum(&s, metrics::RECORDS_RECEIVED, &me), 5.0);
+    })
+}
+
+#[test]
+fn the_prefilter_counters_agree_with_its_traffic() {
+    runtime().block_on(async {
+        let f = fixture().await;
+        let s = parse(&f.text);
+        let c = f.prefilter_consumer.as_str();
+        let with = |k, v| [("consumer", c), (k, v)];
+        let lookups = |r| sum(&s, metrics::PREFILTER_LOOKUPS, &with("result", r));
+        assert_eq!(
+            (lookups("hit"), lookups("miss"), lookups("error")),
+            (5.0, 5.0, 0.0),
+            "the second copies hit, the first missed"
+        );
+        let sets = |r| sum(&s, metrics::PREFILTER_SETS, &with("result", r));
+        assert_eq!(
+            (sets("ok"), sets("error")),
+            (5.0, 0.0),
+            "committed keys set"
+        );
+        assert_eq!(sum(&s, metrics::PREFILTER_ERRORS, &[("consumer", c)]), 0.0);
+        assert_eq!(
+            matching(&s, metrics::PREFILTER_ERRORS, &[("consumer", c)]).count(),
+            6,
+            "every op and kind published at 0"
+        );
+        let count = format!("{}_count", metrics::PREFILTER_DURATION);
+        assert!(
+            sum(&s, &count, &with("op", "lookup")) >= 2.0,
+            "lookups timed"
+        );
+        assert!(sum(&s, &count, &with("op", "set")) >= 1.0, "sets timed");
+        let dup = |r| {
+            sum(
+                &s,
+                metrics::DUPLICATES_SKIPPED,
+                &[("consumer", c), ("reason", r)],
+            )
+        };
+        assert_eq!((dup("prefilter"), dup("dedupe_key")), (5.0, 0.0));
+        assert_eq!(sum(&s, metrics::EFFECTS_APPLIED, &[("consumer", c)]), 5.0);
     })
 }
 

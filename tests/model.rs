@@ -271,8 +271,8 @@ impl Sut {
         )
         .expect("pool");
         let strat: Arc<dyn BatchStrategy> = match kind {
-            Strat::Batched => Arc::new(Batched),
-            Strat::PerMessage => Arc::new(PerMessage),
+            Strat::Batched => Arc::new(Batched::default()),
+            Strat::PerMessage => Arc::new(PerMessage::default()),
         };
         let users = (0..USERS).map(|u| format!("{consumer}-u{u}")).collect();
         let mut sut = Sut {

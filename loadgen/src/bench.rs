@@ -227,6 +227,10 @@ struct BenchReport {
     /// Why the inbox phase could not measure, if it could not (then its numbers are 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     inbox_error: Option<String>,
+    /// A 100%-duplicate replay: records/s with the Redis pre-filter over without it.
+    prefilter_replay_speedup: f64,
+    /// The replays in detail (`crate::replay`).
+    prefilter_replay: crate::replay::ReplayReport,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -375,6 +379,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         at_2000: l2000,
     };
     report.verified = report.batch.verified && report.per_message.verified && inbox_ok && lat_ok;
+
+    report.prefilter_replay = crate::replay::phase(
+        &bin,
+        &args.brokers,
+        &args.database_url,
+        &args.out,
+        sizes.batch,
+    )
+    .await;
+    report.prefilter_replay_speedup = report.prefilter_replay.speedup;
+    report.verified &= report.prefilter_replay.verified;
 
     eprintln!(
         "== retention: drop a daily partition of {} keys vs batched DELETE",

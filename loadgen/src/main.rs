@@ -8,9 +8,11 @@
 
 mod bench;
 mod chaos;
+mod gaps;
 mod orders;
 mod outbox;
 mod produce;
+mod replay;
 mod report;
 mod verify;
 
@@ -25,7 +27,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::producer::FutureProducer;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 
 use produce::{Kind, Mix, Progress, Run};
@@ -128,6 +130,9 @@ enum Command {
     /// An order-status stream with out-of-order versions, stale copies and duplicates into
     /// an `order-status` consumer: every order must end at its newest version, never going back.
     Orders(orders::OrdersArgs),
+    /// `make bench`'s pre-filter phase alone: a 100%-duplicate replay of a topic with and
+    /// without the Redis pre-filter (Redis from REDIS_URL or `scripts/stack.sh redis-up`).
+    Replay(replay::ReplayArgs),
 }
 
 #[tokio::main]
@@ -138,6 +143,7 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Bench(b)) => bench::run(b).await,
         Some(Command::Chaos(c)) => chaos::run(c).await,
         Some(Command::Orders(o)) => orders::run(o).await,
+        Some(Command::Replay(r)) => replay::run(r).await,
         None => run(cli.run).await,
     };
     match result {
@@ -242,6 +248,7 @@ impl Session {
             .set("queue.buffering.max.messages", "1000000")
             .create()
             .context("creating the producer")?;
+        warm_up(brokers, &producer, topic).await?;
         Ok(Session {
             db: Arc::new(db),
             producer,
@@ -347,6 +354,8 @@ pub struct Produced {
     sampler: tokio::task::JoinHandle<()>,
     /// Via the outbox: the partitions' high watermarks when the run started.
     topic_start: Option<Vec<i64>>,
+    /// The partitions' epochs and owners when producing started.
+    owners: gaps::Owners,
 }
 
 impl Produced {
@@ -412,6 +421,7 @@ pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Pro
         Some(_) => Some(session.watcher.highs().await?),
         None => None,
     };
+    let owners = gaps::owners(&session.db, &spec.consumer, &spec.topic).await?;
     let lag: Arc<Mutex<Vec<LagPoint>>> = Arc::default();
     let sampler = {
         let (lag, db, watcher, consumer, started) = (
@@ -483,6 +493,7 @@ pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Pro
         lag,
         sampler,
         topic_start,
+        owners,
     })
 }
 
@@ -555,6 +566,13 @@ async fn finish(
         lag,
     );
     report.clock_step_s = clock_step(produced.started_at, produced.run.started);
+    let owners = gaps::owners(&session.db, &spec.consumer, &spec.topic).await?;
+    report.partitions = gaps::partitions(
+        &produced.log,
+        &observed.credited_s,
+        &produced.owners,
+        &owners,
+    );
     if report::clock_stepped(report.clock_step_s) {
         eprintln!(
             "loadgen: the system clock moved {:+.1} s against the monotonic clock during the run \
@@ -793,6 +811,7 @@ fn build_report(
             wallets: first20(&verdict.wallet_mismatches),
             parked_not_poison: first20(&verdict.parked_not_poison),
         },
+        partitions: Vec::new(),
         series: report::Series {
             latency: latency_series,
             histogram: report::histogram_buckets(&ms),
@@ -876,6 +895,37 @@ impl LagWatcher {
             })
             .sum())
     }
+}
+
+/// The topic a new producer's first record goes to, so that the measured run does not wait for
+/// the producer's own start.
+const WARM_UP_TOPIC: &str = "loadgen-warmup";
+
+/// Waits until the producer can send at once: an idempotent producer holds every record until
+/// it has its producer id (on a fresh broker the first one also waits for the transaction
+/// coordinator to load: about a second), and the first record to a topic waits for its
+/// metadata. Record timestamps are taken when loadgen produces, so without this the run's first
+/// records would count the producer's start as the engine's latency. The warm-up record goes to
+/// a topic of its own, which no consumer of a run reads.
+async fn warm_up(brokers: &str, producer: &FutureProducer, topic: &str) -> anyhow::Result<()> {
+    ensure_topic(brokers, WARM_UP_TOPIC, 1).await?;
+    producer
+        .send(
+            FutureRecord::<(), [u8]>::to(WARM_UP_TOPIC).payload(b"warm-up"),
+            Duration::from_secs(30),
+        )
+        .await
+        .map_err(|(e, _)| anyhow::anyhow!("warming the producer up: {e}"))?;
+    let (producer, topic) = (producer.clone(), topic.to_string());
+    tokio::task::spawn_blocking(move || {
+        producer
+            .client()
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .map(drop)
+    })
+    .await?
+    .context("fetching the topic's metadata")?;
+    Ok(())
 }
 
 async fn ensure_topic(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {

@@ -114,6 +114,8 @@ pub struct Sent {
     pub acked: bool,
     /// Seconds since the run started, when the broker acknowledged it (or the row committed).
     pub acked_at_s: f64,
+    /// The partition the broker stored it in (None: not acknowledged, or an outbox row).
+    pub partition: Option<i32>,
 }
 
 /// The run's identity: payment and user ids carry it, so a verifier finds this run's effects.
@@ -161,7 +163,8 @@ struct Pending {
 enum Done {
     Record {
         idx: usize,
-        ok: bool,
+        /// Where the broker stored it; None: not acknowledged.
+        partition: Option<i32>,
         at: f64,
     },
     Batch {
@@ -226,13 +229,17 @@ pub async fn produce(
                 .payload(&rec.payload)
                 .headers(headers);
             progress.sent.fetch_add(1, Relaxed);
-            let ok = producer.send(record, Duration::from_secs(60)).await.is_ok();
-            if ok {
+            let partition = producer
+                .send(record, Duration::from_secs(60))
+                .await
+                .ok()
+                .map(|delivery| delivery.partition);
+            if partition.is_some() {
                 progress.acked.fetch_add(1, Relaxed);
             }
             Done::Record {
                 idx,
-                ok,
+                partition,
                 at: started.elapsed().as_secs_f64(),
             }
         })
@@ -388,8 +395,9 @@ fn settle(
     progress: &Progress,
 ) {
     match done {
-        Done::Record { idx, ok, at } => {
-            log[idx].acked = ok;
+        Done::Record { idx, partition, at } => {
+            log[idx].acked = partition.is_some();
+            log[idx].partition = partition;
             log[idx].acked_at_s = at;
         }
         Done::Batch {
@@ -490,6 +498,7 @@ fn payment_record(payment_id: &str, user_id: &str, amount_paise: i64, kind: Kind
             outbox: false,
             acked: false,
             acked_at_s: 0.0,
+            partition: None,
         },
     }
 }
@@ -552,6 +561,7 @@ fn poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Record {
             outbox: false,
             acked: false,
             acked_at_s: 0.0,
+            partition: None,
         },
         payload,
         event_id,

@@ -42,7 +42,24 @@ pub struct Report {
     pub clock_step_s: f64,
     pub verified: bool,
     pub anomalies: Anomalies,
+    /// Per partition: the longest commit gap and the claims during the run (see `gaps`).
+    pub partitions: Vec<PartitionRun>,
     pub series: Series,
+}
+
+/// How one partition fared over the run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PartitionRun {
+    pub partition: i32,
+    /// The longest time between two consecutive effects of the partition's payments.
+    pub longest_commit_gap_ms: f64,
+    /// When that gap ended, in seconds since the run started.
+    pub gap_ended_at_s: f64,
+    /// Times a worker claimed the partition during the run (0: one owner throughout).
+    pub claims: u64,
+    /// Its owner when the run was verified.
+    pub owner: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -216,10 +233,28 @@ fn summary_rows(r: &Report) -> Vec<(&'static str, String)> {
         ("latency p99.9", ms(l.p999)),
         ("latency max", ms(l.max)),
     ];
+    if !r.partitions.is_empty() {
+        rows.push(("longest commit gap", commit_gaps(&r.partitions)));
+    }
     if clock_stepped(r.clock_step_s) {
         rows.push(("clock step", format!("{:+.1} s", r.clock_step_s)));
     }
     rows
+}
+
+/// `p0 12 ms, p1 850 ms (claimed 2x), ...`: per partition, and how often it moved.
+fn commit_gaps(partitions: &[PartitionRun]) -> String {
+    partitions
+        .iter()
+        .map(|p| {
+            let moved = match p.claims {
+                0 => String::new(),
+                n => format!(" (claimed {n}x)"),
+            };
+            format!("p{} {:.0} ms{moved}", p.partition, p.longest_commit_gap_ms)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Whether the wall clock moved against the monotonic clock by more than its usual drift.

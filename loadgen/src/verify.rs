@@ -60,6 +60,8 @@ pub struct ParkedRow {
 pub struct Observed {
     /// One entry per effect: (payment id, user, cashback paise).
     pub credits: Vec<(String, String, i64)>,
+    /// When each credit was written: (payment id, seconds since the run started).
+    pub credited_s: Vec<(String, f64)>,
     pub wallets: HashMap<String, i64>,
     pub parked: Vec<ParkedRow>,
 }
@@ -179,7 +181,11 @@ pub async fn observe(
     let mut latencies = Vec::with_capacity(rows.len());
     for r in &rows {
         observed.credits.push((r.get(0), r.get(1), r.get(2)));
-        if let (Some(t), Some(ms)) = (r.get::<_, Option<f64>>(3), r.get::<_, Option<f64>>(4)) {
+        let t = r.get::<_, Option<f64>>(3);
+        if let Some(t) = t {
+            observed.credited_s.push((r.get(0), t));
+        }
+        if let (Some(t), Some(ms)) = (t, r.get::<_, Option<f64>>(4)) {
             latencies.push((t, ms.max(0.0)));
         }
     }
@@ -300,6 +306,7 @@ mod tests {
             ],
             wallets: HashMap::from([("u1".into(), 600), ("u2".into(), 100)]),
             parked: vec![poison()],
+            ..Observed::default()
         };
         let v = check(&expected(), &o);
         assert!(v.verified, "{v:?}");
@@ -317,6 +324,7 @@ mod tests {
             ],
             wallets: HashMap::from([("u1".into(), 200), ("u2".into(), 200)]),
             parked: vec![poison()],
+            ..Observed::default()
         };
         let v = check(&expected(), &o);
         assert!(!v.verified);
@@ -342,6 +350,7 @@ mod tests {
                     poison: false,
                 },
             ],
+            ..Observed::default()
         };
         let v = check(&expected(), &o);
         assert!(!v.verified);
@@ -361,6 +370,7 @@ mod tests {
             ],
             wallets: HashMap::from([("u1".into(), 600), ("u2".into(), 100)]),
             parked: vec![],
+            ..Observed::default()
         };
         assert!(
             !check(&expected(), &o).verified,

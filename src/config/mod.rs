@@ -13,10 +13,12 @@ use humantime_serde::re::humantime::format_duration;
 use serde::{Deserialize, Deserializer};
 
 mod inbox;
+mod prefilter;
 mod relay;
 mod sender;
 mod version;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
+pub use prefilter::{PrefilterConfig, Ttl};
 pub use relay::{Published, RelayConfig};
 pub use sender::{ChannelConfig, OnInterrupted, SenderConfig};
 pub use version::{VersionConfig, VersionMode};
@@ -210,6 +212,10 @@ pub struct ConsumerConfig {
     /// `[consumer.version]`: versioned writes (see `crate::version`). Off by default.
     #[serde(default)]
     pub version: Option<VersionConfig>,
+    /// `[consumer.prefilter]`: a Redis lookup before the transaction that skips keys already
+    /// committed (see `crate::prefilter`). Off by default; not with the inbox strategy.
+    #[serde(default)]
+    pub prefilter: Option<PrefilterConfig>,
 }
 
 fn default_message_id() -> MessageIdSource {
@@ -628,6 +634,17 @@ impl ConsumerConfig {
         if let Some(v) = &self.version {
             p.extend(v.problems());
         }
+        if let Some(f) = &self.prefilter {
+            p.extend(f.problems(self.retention));
+            if self.strategy == Strategy::Inbox {
+                p.push(
+                    "prefilter does not apply to strategy = \"inbox\": the receiver's insert into \
+                     the inbox is its dedupe, and a stored row's key must follow the inbox's own \
+                     life (done = \"delete\", replays); remove [consumer.prefilter]"
+                        .into(),
+                );
+            }
+        }
         if matches!(self.handler, HandlerConfig::OrderStatus { .. }) && self.version.is_none() {
             p.push(
                 "handler kind \"order-status\" needs [consumer.version] (aggregate, version, mode)"
@@ -761,6 +778,15 @@ SELECT message_id, (payload->>'amount_paise')::bigint
 FROM fresh_messages ORDER BY message_id
 """
 
+# Optional: keys this consumer committed are also set in Redis after each commit, and every
+# batch looks its keys up there first (one MGET); hits skip the dedupe insert and the effect.
+# A replay of old traffic then costs no transaction per duplicate. Redis is never the
+# authority: a miss, an error or a timeout goes to PostgreSQL. (Not a default: off unless set.)
+[consumer.prefilter]
+redis = "redis://127.0.0.1:6379/0"   # a password here is never printed; a database of its own
+ttl = "retention"           # or a shorter duration, e.g. "2days"
+timeout = "50ms"            # per lookup or set; past it the batch goes on without Redis
+
 # Store first, process later: the receiver stores each batch in the `inbox` table and lets
 # Kafka move on at once; processors apply the effect from the table, in order per user, with
 # their own retries (the schedule is [consumer.retry]: past max_attempts a row is FAILED).
@@ -857,6 +883,14 @@ mod tests {
             panic!("audit has an sql handler");
         };
         assert!(statement.contains("payload->>'amount_paise'"));
+        let prefilter = audit
+            .prefilter
+            .as_ref()
+            .expect("audit shows [consumer.prefilter]");
+        assert_eq!(prefilter.ttl, Ttl::Retention);
+        assert_eq!(prefilter.timeout, 50 * MS);
+        assert_eq!(prefilter.redis.expose(), "redis://127.0.0.1:6379/0");
+        assert!(config.consumers[0].prefilter.is_none(), "off by default");
         let notify = &config.consumers[2];
         assert_eq!(notify.strategy, Strategy::Inbox);
         assert_eq!(notify.inbox, InboxConfig::default());
@@ -1108,5 +1142,41 @@ mod tests {
             "{msg}"
         );
         assert!(consumer(MINIMAL).version.is_none());
+    }
+
+    #[test]
+    fn prefilter_section_is_read_and_checked() {
+        let c = consumer(&with(
+            "prefilter = { redis = \"redis://:pw@127.0.0.1:6380/2\", ttl = \"2days\" }",
+        ));
+        let f = c.prefilter.expect("read");
+        assert_eq!(f.ttl, Ttl::For(2 * DAY));
+        assert_eq!(f.redis.to_string(), "redis://:***@127.0.0.1:6380/2");
+        let msg = invalid(&with(
+            "retention = \"3days\"\n[consumer.prefilter]\nredis = \"redis://h\"\nttl = \"4days\"",
+        ));
+        assert!(
+            msg.contains(
+                "consumer \"rewards\": prefilter.ttl (4days) must not exceed retention (3days)"
+            ),
+            "{msg}"
+        );
+        let msg = invalid(&with(
+            "strategy = \"inbox\"\nprefilter = { redis = \"redis://h\" }",
+        ));
+        assert!(
+            msg.contains("prefilter does not apply to strategy = \"inbox\""),
+            "{msg}"
+        );
+        let per_message = consumer(&with(
+            "strategy = \"per-message\"\nprefilter = { redis = \"redis://h\" }",
+        ));
+        assert!(per_message.prefilter.is_some());
+        let debug = format!(
+            "{:?}",
+            Config::from_toml_str(&with("prefilter = { redis = \"redis://u:hunter2@h\" }"))
+                .unwrap()
+        );
+        assert!(!debug.contains("hunter2"), "{debug}");
     }
 }

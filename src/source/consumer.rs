@@ -13,6 +13,13 @@
 //!   be below the session timeout), for the revoked partitions' tasks to finish or abandon
 //!   their batch; a task still running then is aborted, and the epoch fence makes anything it
 //!   might still try roll back.
+//! - Assignment is cooperative-sticky by default: a rebalance revokes and assigns only the
+//!   partitions that change owner, and the callbacks get just those, so the other partitions'
+//!   tasks run on through it. (An eager assignor set in `kafka.options` works the same way,
+//!   with every partition revoked and claimed again at each rebalance.)
+//! - A partition task that was fenced is claimed again a few seconds later if the group still
+//!   assigns the partition here ([`FENCED_RECLAIM_AFTER`]); with the cooperative protocol no
+//!   rebalance would otherwise restart it.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
@@ -38,6 +45,14 @@ use crate::store::partitions::Known;
 use crate::strategy::{PartitionCtx, Strategy};
 
 type TopicPartition = (String, i32);
+
+/// How long a fenced partition waits before this worker claims it again, if Kafka still
+/// assigns it here then. Fenced means another worker claimed the partition in PostgreSQL: the
+/// group gave it away (this worker missed its session, and hears so at its next heartbeat,
+/// then loses the partition), or someone claimed it outside the group. With the cooperative
+/// protocol no later rebalance re-assigns a partition that did not move, so without this a
+/// partition the group still gives this worker would stay unread.
+const FENCED_RECLAIM_AFTER: Duration = Duration::from_secs(3);
 
 /// What the rebalance callback asks of the coordinator. The callback blocks on `reply`/`done`
 /// until the coordinator answers or drops it.
@@ -246,6 +261,11 @@ impl Source {
             // 384 MiB). 4 MiB is still several full batches ahead of the transaction.
             .set("queued.min.messages", "20000")
             .set("queued.max.messages.kbytes", "4096")
+            // Incremental rebalances: a member joining or leaving moves only the partitions
+            // that change owner, and the others keep committing through it (the eager
+            // protocols revoke every partition of every member first). The rebalance callback
+            // handles both; `kafka.options` may still pick another assignor.
+            .set("partition.assignment.strategy", "cooperative-sticky")
             // Feeds the consumer lag gauge (see `RebalanceContext::stats`).
             .set("statistics.interval.ms", "5000")
             .set(
@@ -256,6 +276,12 @@ impl Source {
                 "session.timeout.ms",
                 self.kafka.session_timeout.as_millis().to_string(),
             )
+            // How soon a member hears of a rebalance (librdkafka's default is 3 s): a member
+            // that left or joined waits for the others' next heartbeat, twice with the
+            // cooperative protocol, and the partitions that move stand still meanwhile. A
+            // heartbeat is a few dozen bytes: four a second per member cost the coordinator
+            // nothing noticeable.
+            .set("heartbeat.interval.ms", "250")
             .set(
                 "max.poll.interval.ms",
                 self.kafka.max_poll_interval.as_millis().to_string(),
@@ -299,6 +325,9 @@ impl Source {
             self.handler.needs_json() || self.config.version.is_some(),
         ));
         let (exit_tx, mut exits) = mpsc::unbounded_channel::<(TopicPartition, Exit)>();
+        // Fenced partitions, sent back after FENCED_RECLAIM_AFTER to be claimed again if Kafka
+        // still assigns them to this worker.
+        let (reclaim_tx, mut reclaims) = mpsc::unbounded_channel::<TopicPartition>();
         let mut running: HashMap<TopicPartition, Running> = HashMap::new();
         let mut failure = None;
 
@@ -306,11 +335,37 @@ impl Source {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
-                Some((tp, exit)) = exits.recv() => {
-                    if let Exit::Fatal(reason) = exit {
+                Some((tp, exit)) = exits.recv() => match exit {
+                    Exit::Fatal(reason) => {
                         tracing::error!(consumer = %self.config.name, topic = %tp.0, partition = tp.1, %reason, "fatal error; stopping the worker");
                         failure = Some(reason);
                         break;
+                    }
+                    Exit::Fenced => {
+                        let reclaim = reclaim_tx.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(FENCED_RECLAIM_AFTER).await;
+                            let _ = reclaim.send(tp);
+                        });
+                    }
+                    Exit::Stopped => {}
+                },
+                Some(tp) = reclaims.recv() => {
+                    // Only if its task is still the fenced one (no rebalance restarted it since)
+                    // and Kafka still has the partition with us.
+                    let fenced = running.get(&tp).is_some_and(|r| r.handle.is_finished());
+                    let assigned = consumer.assignment().is_ok_and(|a| {
+                        a.find_partition(&tp.0, tp.1).is_some()
+                    });
+                    if fenced && assigned {
+                        tracing::warn!(consumer = %self.config.name, topic = %tp.0, partition = tp.1,
+                            "the group still assigns a fenced partition to this worker: claiming it again");
+                        for (tp, claim) in self.claim_all(std::slice::from_ref(&tp), &shutdown).await {
+                            running.remove(&tp);
+                            if let Some(r) = self.start_partition(&consumer, &decoder, &tp, claim, &exit_tx) {
+                                running.insert(tp, r);
+                            }
+                        }
                     }
                 }
                 Some(event) = events.recv() => match event {
@@ -354,12 +409,22 @@ impl Source {
         drain(all, self.revoke_deadline).await;
         // Leaving the group revokes the assignment through the callback, which still needs the
         // coordinator to answer: serve it (there is nothing left to drain) until it is done.
+        // The channel never closes (the context holds its sender): the wait ends when the
+        // assignment is empty, that is when the revocation went through.
         consumer.unsubscribe();
         let serve = async {
-            while let Some(event) = events.recv().await {
-                match event {
-                    Event::Claim { reply, .. } => drop(reply),
-                    Event::Start { done, .. } | Event::Revoke { done, .. } => drop(done),
+            loop {
+                let tick = tokio::time::sleep(Duration::from_millis(20));
+                tokio::select! {
+                    Some(event) = events.recv() => match event {
+                        Event::Claim { reply, .. } => drop(reply),
+                        Event::Start { done, .. } | Event::Revoke { done, .. } => drop(done),
+                    },
+                    _ = tick => {
+                        if consumer.assignment().is_ok_and(|a| a.count() == 0) {
+                            break;
+                        }
+                    }
                 }
             }
         };

@@ -11,6 +11,7 @@
 //! Failures roll the whole transaction back; see `segments` for what is retried and how a
 //! failing message is found and parked.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -21,10 +22,14 @@ use super::{versioned, AttemptError, BatchError, Committed, Outcome, PartitionCt
 use crate::batch::{Batch, Raw};
 use crate::envelope::Envelope;
 use crate::handler::BatchContext;
+use crate::prefilter::Prefilter;
 use crate::store::{copy, dedupe};
 
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Batched;
+#[derive(Default, Clone)]
+pub struct Batched {
+    /// The consumer's Redis pre-filter, if it has one.
+    pub prefilter: Option<Arc<Prefilter>>,
+}
 
 #[async_trait]
 impl Strategy for Batched {
@@ -38,7 +43,15 @@ impl Strategy for Batched {
             segment_len: usize::MAX,
             fence_first: true,
         };
-        drive(ctx, &batch, &shape, &StageAndDedupe, committed).await
+        drive(
+            ctx,
+            &batch,
+            &shape,
+            &StageAndDedupe,
+            self.prefilter.as_deref(),
+            committed,
+        )
+        .await
     }
 }
 

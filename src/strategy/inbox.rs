@@ -107,7 +107,8 @@ impl Strategy for Inbox {
             segment_len: usize::MAX,
             fence_first: true,
         };
-        let out = drive(ctx, &batch, &shape, self, committed).await?;
+        // No pre-filter: the inbox's primary key is the receiver's dedupe (see the config check).
+        let out = drive(ctx, &batch, &shape, self, None, committed).await?;
         if out.fresh > 0 {
             self.stored.notify_waiters();
             let tables = self.freshness.stored(

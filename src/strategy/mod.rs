@@ -76,8 +76,11 @@ pub struct Outcome {
     pub fresh: u64,
     /// Effects the handler applied.
     pub effects: u64,
-    /// Copies whose dedupe key existed already (or repeated inside the batch).
+    /// Copies whose dedupe key existed already (or repeated inside the batch), the pre-filter's
+    /// hits among them.
     pub duplicates: u64,
+    /// Copies the Redis pre-filter knew as committed: skipped before the transaction's dedupe.
+    pub prefilter_hits: u64,
     /// Fresh messages whose effect existed under a business key (a double tap).
     pub business_duplicates: u64,
     pub parked: Vec<Reason>,
@@ -96,6 +99,7 @@ impl Outcome {
         self.fresh += other.fresh;
         self.effects += other.effects;
         self.duplicates += other.duplicates;
+        self.prefilter_hits += other.prefilter_hits;
         self.business_duplicates += other.business_duplicates;
         self.parked.extend(other.parked);
         self.retries += other.retries;

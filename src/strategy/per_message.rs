@@ -9,6 +9,7 @@
 //! It is bounded by one commit (one `fsync`) per message, a real option for low rates and the
 //! baseline the benchmark compares the batch strategy against.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -19,10 +20,14 @@ use super::{versioned, AttemptError, BatchError, Committed, Outcome, PartitionCt
 use crate::batch::{Batch, Raw};
 use crate::envelope::Envelope;
 use crate::handler::BatchContext;
+use crate::prefilter::Prefilter;
 use crate::store::{copy, dedupe};
 
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PerMessage;
+#[derive(Default, Clone)]
+pub struct PerMessage {
+    /// The consumer's Redis pre-filter, if it has one.
+    pub prefilter: Option<Arc<Prefilter>>,
+}
 
 #[async_trait]
 impl Strategy for PerMessage {
@@ -36,7 +41,15 @@ impl Strategy for PerMessage {
             segment_len: 1,
             fence_first: false,
         };
-        drive(ctx, &batch, &shape, &KeyFirst, committed).await
+        drive(
+            ctx,
+            &batch,
+            &shape,
+            &KeyFirst,
+            self.prefilter.as_deref(),
+            committed,
+        )
+        .await
     }
 }
 

@@ -14,6 +14,13 @@
 //!
 //! Whatever happens, a dedupe key commits only together with its effect, and a message leaves
 //! the partition only as an effect, a counted duplicate, or a dead letter.
+//!
+//! With a Redis pre-filter, the batch's keys are looked up once before the first transaction:
+//! a hit is a duplicate that is no candidate (no staging, no dedupe insert, no effect), while its
+//! record still moves the fenced offset. Segments are cut by the records that are not hits, so
+//! a run of hits rides in the transaction of the next message instead of one of its own. After
+//! each `COMMIT`, the keys of that transaction's candidates (all committed in PostgreSQL now:
+//! inserted by it, or already there) are set in Redis.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -25,6 +32,7 @@ use deadpool_postgres::Transaction;
 use super::{wait, AttemptError, BatchError, Committed, Outcome, PartitionCtx};
 use crate::batch::{Batch, Raw};
 use crate::envelope::{Envelope, Reason, Rejection};
+use crate::prefilter::{Key, Prefilter};
 use crate::store::{dead_letters, offsets};
 
 /// What a body did with a segment's candidates.
@@ -76,17 +84,25 @@ pub(crate) async fn drive(
     batch: &Batch,
     shape: &Shape,
     body: &dyn Body,
+    prefilter: Option<&Prefilter>,
     committed: Committed<'_>,
 ) -> Result<Outcome, BatchError> {
     let mut out = Outcome::default();
     // Records the handler refused or that ran out of attempts, by index in the batch.
     let mut rejected: HashMap<usize, (Rejection, i32)> = HashMap::new();
-    let n = batch.len();
+    let hits = match prefilter {
+        Some(p) => look_up(p, batch).await,
+        None => HashSet::new(),
+    };
+    let filter = prefilter.map(|p| Filter {
+        prefilter: p,
+        hits: &hits,
+    });
     // A stack, last segment at the bottom, so segments commit in offset order.
-    let mut todo: Vec<Segment> = (0..n)
-        .step_by(shape.segment_len.max(1))
-        .map(|s| Segment {
-            range: s..(s + shape.segment_len).min(n),
+    let mut todo: Vec<Segment> = cut(batch.len(), shape.segment_len, |i| hits.contains(&i))
+        .into_iter()
+        .map(|range| Segment {
+            range,
             isolating: false,
         })
         .rev()
@@ -95,7 +111,17 @@ pub(crate) async fn drive(
         let mut attempts = 0u32;
         let mut unavailable = 0u32;
         loop {
-            match attempt(ctx, batch, &seg.range, &rejected, shape, body).await {
+            match attempt(
+                ctx,
+                batch,
+                &seg.range,
+                &rejected,
+                shape,
+                body,
+                filter.as_ref(),
+            )
+            .await
+            {
                 Ok(o) => {
                     out.add(o);
                     out.commits += 1;
@@ -187,6 +213,49 @@ pub(crate) async fn drive(
     Ok(out)
 }
 
+/// The batch's pre-filter and what its lookup said.
+struct Filter<'a> {
+    prefilter: &'a Prefilter,
+    /// Indexes (in the batch) of the records whose key Redis knows as committed.
+    hits: &'a HashSet<usize>,
+}
+
+/// One lookup for the whole batch (every segment and retry uses its answer: a hit stays a
+/// committed key). Returns the indexes of the hits.
+async fn look_up(prefilter: &Prefilter, batch: &Batch) -> HashSet<usize> {
+    let (idx, keys): (Vec<usize>, Vec<Key>) = (batch.records.iter().enumerate())
+        .filter_map(|(i, r)| {
+            let env = r.decoded.as_ref().ok()?;
+            Some((i, (env.message_id, env.event_date)))
+        })
+        .unzip();
+    let hits = prefilter.lookup(&keys).await;
+    (idx.into_iter().zip(hits))
+        .filter_map(|(i, hit)| hit.then_some(i))
+        .collect()
+}
+
+/// Cuts `0..n` into segments of at most `len` records that are not hits (a hit needs no
+/// transaction of its own: it rides with the next record, or the last segment).
+fn cut(n: usize, len: usize, is_hit: impl Fn(usize) -> bool) -> Vec<Range<usize>> {
+    let len = len.max(1);
+    let mut out = Vec::new();
+    let (mut start, mut counted) = (0, 0);
+    for i in 0..n {
+        if !is_hit(i) {
+            counted += 1;
+        }
+        if counted == len {
+            out.push(start..i + 1);
+            (start, counted) = (i + 1, 0);
+        }
+    }
+    if start < n {
+        out.push(start..n);
+    }
+    out
+}
+
 /// One transaction over one segment.
 async fn attempt(
     ctx: &PartitionCtx,
@@ -195,6 +264,7 @@ async fn attempt(
     rejected: &HashMap<usize, (Rejection, i32)>,
     shape: &Shape,
     body: &dyn Body,
+    filter: Option<&Filter<'_>>,
 ) -> Result<Outcome, AttemptError> {
     let records = &batch.records[range.clone()];
     let next_offset = records[records.len() - 1].raw.offset + 1;
@@ -205,6 +275,7 @@ async fn attempt(
     let mut candidate_raw: Vec<&Raw> = Vec::new();
     let mut seen = HashSet::new();
     let mut duplicates_in_batch = 0u64;
+    let mut prefilter_hits = 0u64;
     for (i, rec) in records.iter().enumerate() {
         let idx = range.start + i;
         let verdict = match rejected.get(&idx) {
@@ -216,6 +287,8 @@ async fn attempt(
                 parked.push(rec.raw.parked(&ctx.topic, rej, attempts));
                 parked_reasons.push(rej.reason);
             }
+            // Committed already, as Redis knows: nothing to insert or apply.
+            Ok(_) if filter.is_some_and(|f| f.hits.contains(&idx)) => prefilter_hits += 1,
             // A copy repeated inside the batch: the first copy wins, the rest are duplicates.
             Ok(env) if !seen.insert(env.message_id) => duplicates_in_batch += 1,
             Ok(env) => {
@@ -271,6 +344,13 @@ async fn attempt(
     tx.commit().await?;
     // Chaos: committed in PostgreSQL, Kafka not told yet.
     fail::fail_point!("after_commit", |_| std::process::abort());
+    if let Some(f) = filter {
+        // Every candidate's key is committed now: inserted by this transaction, or found there.
+        let keys: Vec<Key> = (candidates.iter())
+            .map(|e| (e.message_id, e.event_date))
+            .collect();
+        f.prefilter.remember(&keys).await;
+    }
     let phases = super::Phases {
         fence: fenced_at - t0,
         stage: body_out.stage,
@@ -289,7 +369,8 @@ async fn attempt(
         records: records.len() as u64,
         fresh: body_out.fresh,
         effects: body_out.effects,
-        duplicates: duplicates_in_batch + body_out.duplicates,
+        duplicates: duplicates_in_batch + prefilter_hits + body_out.duplicates,
+        prefilter_hits,
         business_duplicates: body_out.business_duplicates,
         parked: parked_reasons,
         retries: 0,
@@ -297,4 +378,24 @@ async fn attempt(
         phases,
         versions: body_out.versions,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut;
+
+    #[test]
+    fn segments_are_cut_by_the_records_that_are_not_hits() {
+        let hits = [true, true, false, true, false, true, true];
+        let is_hit = |i: usize| hits[i];
+        // Per message: each hit rides with the next message; trailing hits get one segment.
+        assert_eq!(cut(7, 1, is_hit), vec![0..3, 3..5, 5..7]);
+        assert_eq!(cut(7, 2, is_hit), vec![0..5, 5..7]);
+        // The batch strategy: one segment, hits or not.
+        assert_eq!(cut(7, usize::MAX, is_hit), vec![0..7]);
+        // Without hits, as before: segments of `len` records.
+        assert_eq!(cut(5, 2, |_| false), vec![0..2, 2..4, 4..5]);
+        assert_eq!(cut(3, 1, |_| true), vec![0..3]);
+        assert!(cut(0, 1, |_| false).is_empty());
+    }
 }

@@ -2,6 +2,8 @@
 //! tests run in parallel, and small helpers to create topics and produce.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod redis_server;
+
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

@@ -1,0 +1,436 @@
+//! The optional Redis pre-filter of a consumer (`[consumer.prefilter]`): before a batch's
+//! transaction, one `MGET` of the batch's dedupe keys; a hit is a key PostgreSQL has committed
+//! already, so that message skips staging, the dedupe insert and the effect (the transaction
+//! still runs, to advance the fenced offset). After `COMMIT`, one pipeline of `SET ... PX` for
+//! the keys that transaction confirmed.
+//!
+//! Redis is never the authority. What makes a hit safe:
+//! - a key is written only after PostgreSQL's `COMMIT` returned, and only for a candidate of
+//!   that transaction (fresh, or a duplicate whose committed key the insert ran into): never a
+//!   parked message, never a candidate of an attempt that rolled back;
+//! - a key expires no later than the event's date leaves the consumer's retention window; a copy
+//!   older than that is parked before any lookup, and PostgreSQL keeps its keys longer;
+//! - whatever goes wrong with Redis (down, flushed, evicting, slow) only turns hits into misses,
+//!   and a miss is the engine without a pre-filter.
+//!
+//! What it must not cost: a lookup or a set waits at most `timeout`; an error or a timeout drops
+//! the connection and opens a short circuit (250 ms, doubling to 5 s) during which no batch
+//! talks to Redis at all; reconnecting happens in a background task, never in a batch. So a
+//! dead Redis costs nothing per batch, and a hung one at most one `timeout` per circuit period.
+//!
+//! The one thing Redis must never hold is a key PostgreSQL does not: after restoring PostgreSQL
+//! from a backup, or a failover that lost commits, flush the pre-filter's keys (see
+//! docs/OPERATIONS.md).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, NaiveDate, Utc};
+use redis::aio::MultiplexedConnection;
+use uuid::Uuid;
+
+use crate::config::{PrefilterConfig, Ttl};
+use crate::metrics::PrefilterMetrics;
+
+/// A dedupe key: the consumer is the pre-filter's own.
+pub type Key = (Uuid, NaiveDate);
+
+/// A background connection attempt gives up after this long (it never holds a batch).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The circuit after the first failure; it doubles with every failure in a row, up to
+/// [`CIRCUIT_MAX`].
+const CIRCUIT_MIN: Duration = Duration::from_millis(250);
+const CIRCUIT_MAX: Duration = Duration::from_secs(5);
+/// A warning at most this often per consumer; every failure is logged at debug level.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum PrefilterError {
+    #[error("consumer {consumer:?}: prefilter.redis: {reason}")]
+    Url { consumer: String, reason: String },
+}
+
+/// One consumer's pre-filter, shared by its partition tasks (they share one multiplexed
+/// connection: requests of several partitions are pipelined on one socket).
+pub struct Prefilter {
+    consumer: Arc<str>,
+    ttl: Ttl,
+    retention_days: u64,
+    timeout: Duration,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: redis::Client,
+    consumer: Arc<str>,
+    metrics: PrefilterMetrics,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The connection and its generation: a failure seen on an older connection does not drop
+    /// a newer one.
+    conn: Option<(u64, MultiplexedConnection)>,
+    generation: u64,
+    connecting: bool,
+    /// Failures in a row (round trips or connection attempts).
+    failures: u32,
+    /// No round trip and no connection attempt before this.
+    closed_until: Option<Instant>,
+    last_warned: Option<Instant>,
+    unwarned: u64,
+}
+
+/// What failed, for the metrics and the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Lookup,
+    Set,
+    Connect,
+}
+
+impl Op {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Set => "set",
+            Op::Connect => "connect",
+        }
+    }
+}
+
+impl Prefilter {
+    /// Builds the client and starts connecting in the background (inside a tokio runtime), so
+    /// that the first batch finds the connection ready.
+    pub fn new(
+        consumer: &str,
+        config: &PrefilterConfig,
+        retention: Duration,
+    ) -> Result<Prefilter, PrefilterError> {
+        let client =
+            redis::Client::open(config.redis.expose()).map_err(|e| PrefilterError::Url {
+                consumer: consumer.to_string(),
+                reason: format!("{} is not a Redis URL ({:?})", config.redis, e.kind()),
+            })?;
+        let consumer: Arc<str> = Arc::from(consumer);
+        let shared = Arc::new(Shared {
+            client,
+            metrics: PrefilterMetrics::new(&consumer),
+            consumer: Arc::clone(&consumer),
+            state: Mutex::new(State::default()),
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let _ = shared.connection();
+        }
+        Ok(Prefilter {
+            consumer,
+            ttl: config.ttl,
+            retention_days: (retention.as_secs() / 86_400).max(1),
+            timeout: config.timeout,
+            shared,
+        })
+    }
+
+    /// Which of `keys` Redis says PostgreSQL committed already. All `false` when Redis cannot
+    /// answer within the timeout (or is known to be away): the batch then goes to PostgreSQL
+    /// as without a pre-filter.
+    pub async fn lookup(&self, keys: &[Key]) -> Vec<bool> {
+        let mut hits = vec![false; keys.len()];
+        if keys.is_empty() {
+            return hits;
+        }
+        let m = &self.shared.metrics;
+        let Some((generation, mut conn)) = self.shared.connection() else {
+            m.fell_through(keys.len() as u64);
+            return hits;
+        };
+        let names: Vec<String> = keys.iter().map(|k| self.key(k)).collect();
+        let t0 = Instant::now();
+        let answer = tokio::time::timeout(
+            self.timeout,
+            redis::cmd("MGET")
+                .arg(&names)
+                .query_async::<Vec<Option<Vec<u8>>>>(&mut conn),
+        )
+        .await;
+        m.round_trip(Op::Lookup, t0.elapsed());
+        match answer {
+            Ok(Ok(values)) if values.len() == keys.len() => {
+                self.shared.succeeded();
+                for (hit, v) in hits.iter_mut().zip(values) {
+                    // Only the engine's own mark counts: anything else under the prefix is
+                    // not a key this engine committed.
+                    *hit = v.as_deref() == Some(b"1");
+                }
+                let n = hits.iter().filter(|h| **h).count() as u64;
+                m.looked_up(n, keys.len() as u64 - n);
+            }
+            Ok(Ok(values)) => {
+                let why = format!(
+                    "MGET of {} keys answered {} values",
+                    keys.len(),
+                    values.len()
+                );
+                self.shared.failed(generation, Op::Lookup, false, &why);
+                m.fell_through(keys.len() as u64);
+            }
+            Ok(Err(e)) => {
+                self.shared
+                    .failed(generation, Op::Lookup, false, &e.to_string());
+                m.fell_through(keys.len() as u64);
+            }
+            Err(_) => {
+                let why = format!("no answer within {:?}", self.timeout);
+                self.shared.failed(generation, Op::Lookup, true, &why);
+                m.fell_through(keys.len() as u64);
+            }
+        }
+        hits
+    }
+
+    /// Sets `keys`, which a transaction has just committed (fresh, or already there), each with
+    /// its TTL. Called only after PostgreSQL's `COMMIT` returned. A failure only costs future
+    /// hits.
+    pub async fn remember(&self, keys: &[Key]) {
+        let now = Utc::now();
+        let mut pipe = redis::pipe();
+        let mut n = 0u64;
+        for k in keys {
+            if let Some(ttl) = ttl_for(self.ttl, self.retention_days, k.1, now) {
+                let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+                pipe.cmd("SET")
+                    .arg(self.key(k))
+                    .arg("1")
+                    .arg("PX")
+                    .arg(ms)
+                    .ignore();
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return;
+        }
+        let m = &self.shared.metrics;
+        let Some((generation, mut conn)) = self.shared.connection() else {
+            m.not_set(n);
+            return;
+        };
+        let t0 = Instant::now();
+        let answer = tokio::time::timeout(self.timeout, pipe.query_async::<()>(&mut conn)).await;
+        m.round_trip(Op::Set, t0.elapsed());
+        match answer {
+            Ok(Ok(())) => {
+                self.shared.succeeded();
+                m.set(n);
+            }
+            Ok(Err(e)) => {
+                self.shared
+                    .failed(generation, Op::Set, false, &e.to_string());
+                m.not_set(n);
+            }
+            Err(_) => {
+                let why = format!("no answer within {:?}", self.timeout);
+                self.shared.failed(generation, Op::Set, true, &why);
+                m.not_set(n);
+            }
+        }
+    }
+
+    fn key(&self, k: &Key) -> String {
+        key(&self.consumer, &k.0, k.1)
+    }
+}
+
+/// The Redis key of a dedupe key: every part of `(consumer, message_id, event_date)`, readable
+/// (`redis-cli --scan --pattern 'effectively:rewards:*'`). Consumer names cannot hold `:`.
+pub fn key(consumer: &str, message_id: &Uuid, event_date: NaiveDate) -> String {
+    format!(
+        "effectively:{consumer}:{}:{message_id}",
+        event_date.format("%Y-%m-%d")
+    )
+}
+
+/// How long a key committed `now` for an event of `event_date` stays in Redis: until the event
+/// leaves the retention window (the end of the day `event_date + retention_days`, UTC, as the
+/// window check counts it), or `ttl` if sooner. `None`: already outside, do not set it.
+pub fn ttl_for(
+    ttl: Ttl,
+    retention_days: u64,
+    event_date: NaiveDate,
+    now: DateTime<Utc>,
+) -> Option<Duration> {
+    let last_day = event_date.checked_add_days(chrono::Days::new(retention_days + 1))?;
+    let window_end = last_day.and_hms_opt(0, 0, 0)?.and_utc();
+    let left = (window_end - now).to_std().ok()?;
+    let ttl = match ttl {
+        Ttl::Retention => left,
+        Ttl::For(d) => d.min(left),
+    };
+    (ttl >= Duration::from_millis(1)).then_some(ttl)
+}
+
+impl Shared {
+    /// The connection, when there is one and the circuit is closed; otherwise `None` at once,
+    /// after starting a connection attempt in the background if none is running and the circuit
+    /// allows it.
+    fn connection(self: &Arc<Self>) -> Option<(u64, MultiplexedConnection)> {
+        let mut st = self.state.lock().expect("not poisoned");
+        let now = Instant::now();
+        if st.closed_until.is_some_and(|t| now < t) {
+            return None;
+        }
+        if let Some((g, c)) = &st.conn {
+            return Some((*g, c.clone()));
+        }
+        if !st.connecting {
+            st.connecting = true;
+            let shared = Arc::clone(self);
+            tokio::spawn(async move { shared.connect().await });
+        }
+        None
+    }
+
+    async fn connect(self: Arc<Self>) {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(None);
+        let result = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await;
+        let conn = match result {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                self.state.lock().expect("not poisoned").connecting = false;
+                return self.failed(0, Op::Connect, false, &e.to_string());
+            }
+            Err(_) => {
+                self.state.lock().expect("not poisoned").connecting = false;
+                let why = format!("no connection within {CONNECT_TIMEOUT:?}");
+                return self.failed(0, Op::Connect, true, &why);
+            }
+        };
+        let mut st = self.state.lock().expect("not poisoned");
+        st.connecting = false;
+        st.generation += 1;
+        st.conn = Some((st.generation, conn));
+        if st.failures > 0 || st.unwarned > 0 {
+            tracing::info!(consumer = %self.consumer, "prefilter: connected to Redis again");
+        } else {
+            tracing::debug!(consumer = %self.consumer, "prefilter: connected to Redis");
+        }
+    }
+
+    fn succeeded(&self) {
+        let mut st = self.state.lock().expect("not poisoned");
+        st.failures = 0;
+        st.closed_until = None;
+    }
+
+    /// A round trip on connection `generation` (0: a connection attempt) failed: count it,
+    /// drop that connection, open the circuit, and log (a warning at most every minute).
+    fn failed(&self, generation: u64, op: Op, timeout: bool, why: &str) {
+        self.metrics.failed(op, timeout);
+        let mut st = self.state.lock().expect("not poisoned");
+        if generation == 0 || st.conn.as_ref().is_some_and(|(g, _)| *g == generation) {
+            st.conn = None;
+        }
+        st.failures = st.failures.saturating_add(1);
+        let circuit = CIRCUIT_MIN
+            .saturating_mul(1 << (st.failures - 1).min(8))
+            .min(CIRCUIT_MAX);
+        let now = Instant::now();
+        st.closed_until = Some(now + circuit);
+        tracing::debug!(consumer = %self.consumer, op = op.as_str(), error = %why, ?circuit,
+            "prefilter: Redis failed; batches go to PostgreSQL alone meanwhile");
+        if st
+            .last_warned
+            .is_none_or(|t| now.duration_since(t) >= WARN_EVERY)
+        {
+            tracing::warn!(consumer = %self.consumer, op = op.as_str(), error = %why,
+                failures_since_last_warning = st.unwarned + 1,
+                "prefilter: Redis failed; every batch goes to PostgreSQL until it is back \
+                 (nothing is lost or applied twice: Redis is never the authority)");
+            st.last_warned = Some(now);
+            st.unwarned = 0;
+        } else {
+            st.unwarned += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn day(s: &str) -> NaiveDate {
+        s.parse().unwrap()
+    }
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_key_names_consumer_date_and_id() {
+        let id: Uuid = "0190f1c2-0000-7000-8000-000000000001".parse().unwrap();
+        assert_eq!(
+            key("rewards", &id, day("2026-12-03")),
+            "effectively:rewards:2026-12-03:0190f1c2-0000-7000-8000-000000000001"
+        );
+    }
+
+    #[test]
+    fn a_key_lives_until_its_event_leaves_the_retention_window() {
+        let h = Duration::from_secs(3600);
+        // Retention 15 days: an event of Dec 3 is applicable through Dec 18 (today - 15 days
+        // = Dec 3 is still inside), parked from Dec 19 on.
+        let now = at("2026-12-03T10:00:00Z");
+        let left = ttl_for(Ttl::Retention, 15, day("2026-12-03"), now).unwrap();
+        assert_eq!(left, 15 * 24 * h + 14 * h);
+        // A shorter configured TTL wins; a longer one never outlives the window.
+        let two_days = Ttl::For(48 * h);
+        assert_eq!(ttl_for(two_days, 15, day("2026-12-03"), now), Some(48 * h));
+        let late = at("2026-12-18T23:00:00Z");
+        assert_eq!(ttl_for(two_days, 15, day("2026-12-03"), late), Some(h));
+        // Outside the window: not set at all.
+        let gone = at("2026-12-19T00:00:00Z");
+        assert_eq!(ttl_for(Ttl::Retention, 15, day("2026-12-03"), gone), None);
+        // A future-dated event (within the tolerance) lives its whole window too.
+        let ahead = ttl_for(Ttl::Retention, 15, day("2026-12-04"), now).unwrap();
+        assert_eq!(ahead, left + 24 * h);
+    }
+
+    fn closed_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    }
+
+    #[tokio::test]
+    async fn a_redis_that_is_not_there_costs_no_batch_anything() {
+        let config: PrefilterConfig = toml::from_str(&format!(
+            "redis = \"redis://127.0.0.1:{}\"\ntimeout = \"2s\"",
+            closed_port()
+        ))
+        .unwrap();
+        let p = Prefilter::new("absent", &config, Duration::from_secs(15 * 86_400)).unwrap();
+        let keys: Vec<Key> = (0..100)
+            .map(|_| (Uuid::now_v7(), Utc::now().date_naive()))
+            .collect();
+        let t0 = Instant::now();
+        for _ in 0..50 {
+            assert!(p.lookup(&keys).await.iter().all(|h| !h));
+            p.remember(&keys).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // Neither waited for the 2 s timeout nor for a connection attempt.
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        let st = p.shared.state.lock().unwrap();
+        assert!(st.conn.is_none());
+        assert!(st.failures >= 1, "the refused connection was counted");
+        assert!(st.closed_until.is_some(), "and opened the circuit");
+    }
+}
