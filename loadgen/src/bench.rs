@@ -102,7 +102,13 @@ struct Percentiles {
 struct LatencyAt {
     at_500: Percentiles,
     at_2000: Percentiles,
+    /// The steady-state target for p99 at both rates (issue 17), and whether both met it.
+    p99_target: f64,
+    p99_target_met: bool,
 }
+
+/// p99 at 500 and at 2,000 msg/s, in steady state, in ms.
+const P99_TARGET_MS: f64 = 50.0;
 
 #[derive(Debug, Default, Serialize)]
 struct Drain {
@@ -375,9 +381,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     );
     let (l500, l2000, lat_ok) = latency(&bin, &args, sizes.latency).await?;
     report.latency_ms = LatencyAt {
+        p99_target: P99_TARGET_MS,
+        p99_target_met: l500.p99 <= P99_TARGET_MS && l2000.p99 <= P99_TARGET_MS,
         at_500: l500,
         at_2000: l2000,
     };
+    eprintln!(
+        "   p99 target {P99_TARGET_MS} ms at both rates: {}",
+        if report.latency_ms.p99_target_met {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
     report.verified = report.batch.verified && report.per_message.verified && inbox_ok && lat_ok;
 
     report.prefilter_replay = crate::replay::phase(
