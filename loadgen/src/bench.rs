@@ -27,15 +27,8 @@ use crate::{finish_stage, produce_stage, Session, Spec};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    brokers: String,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        hide_env_values = true,
-        default_value = "postgres://postgres@127.0.0.1:5432/effectively"
-    )]
-    database_url: String,
+    #[command(flatten)]
+    services: crate::Services,
     /// `full` (1,000,000 events for the batch drain) or `quick` (about 2 minutes in all), or a
     /// number that multiplies the full sizes.
     #[arg(long, env = "BENCH_SCALE", default_value = "full")]
@@ -398,8 +391,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
 
     report.prefilter_replay = crate::replay::phase(
         &bin,
-        &args.brokers,
-        &args.database_url,
+        &args.services.brokers,
+        &args.services.database_url,
         &args.out,
         sizes.batch,
     )
@@ -525,8 +518,8 @@ impl Worker {
         let child = tokio::process::Command::new(bin)
             .args(["run", "--config"])
             .arg(&config)
-            .env("KAFKA_BROKERS", &args.brokers)
-            .env("DATABASE_URL", &args.database_url)
+            .env("KAFKA_BROKERS", &args.services.brokers)
+            .env("DATABASE_URL", &args.services.database_url)
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)
@@ -585,8 +578,8 @@ impl Worker {
 
 fn spec(args: &BenchArgs, name: &str, plan: Vec<Step>, limit: Option<u64>, mix: Mix) -> Spec {
     Spec {
-        brokers: args.brokers.clone(),
-        database_url: args.database_url.clone(),
+        brokers: args.services.brokers.clone(),
+        database_url: args.services.database_url.clone(),
         topic: name.to_string(),
         partitions: 6,
         consumer: name.to_string(),
@@ -653,7 +646,7 @@ async fn drain(
     let dropper = (drop_keys > 0).then(|| {
         let (bin, url, started_at) = (
             bin.to_path_buf(),
-            args.database_url.clone(),
+            args.services.database_url.clone(),
             produced.started_at,
         );
         let name = name.clone();
@@ -944,9 +937,10 @@ struct DbMark {
 
 impl Db {
     async fn connect(args: &BenchArgs) -> anyhow::Result<Db> {
-        let (client, conn) = tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls)
-            .await
-            .context("connecting to PostgreSQL")?;
+        let (client, conn) =
+            tokio_postgres::connect(&args.services.database_url, tokio_postgres::NoTls)
+                .await
+                .context("connecting to PostgreSQL")?;
         tokio::spawn(conn);
         Ok(Db { client })
     }
@@ -1080,7 +1074,7 @@ async fn engine_json(
 ) -> anyhow::Result<serde_json::Value> {
     let out = tokio::process::Command::new(bin)
         .args(cmd)
-        .env("DATABASE_URL", &args.database_url)
+        .env("DATABASE_URL", &args.services.database_url)
         .stderr(Stdio::inherit())
         .output()
         .await

@@ -29,15 +29,8 @@ use crate::{finish_stage, produce_stage, Session, Spec};
 
 #[derive(Debug, clap::Args)]
 pub struct ChaosArgs {
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    brokers: String,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        hide_env_values = true,
-        default_value = "postgres://postgres@127.0.0.1:5432/effectively"
-    )]
-    database_url: String,
+    #[command(flatten)]
+    services: crate::Services,
     /// The engine's binary, built with `--features failpoints` (default: next to this one).
     #[arg(long)]
     effectively: Option<PathBuf>,
@@ -279,7 +272,7 @@ impl Env<'_> {
         let id = format!("{}-w{}", self.name, self.workers);
         let worker = Worker {
             bin: self.bin,
-            brokers: &self.args.brokers,
+            brokers: &self.args.services.brokers,
             database_url: &self.database_url,
         };
         worker.start(
@@ -346,11 +339,11 @@ fn sample_offsets(
     ahead: Arc<AtomicU64>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let observer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &args.brokers)
+        .set("bootstrap.servers", &args.services.brokers)
         .set("group.id", name)
         .create()?;
     let observer = Arc::new(observer);
-    let (url, name) = (args.database_url.clone(), name.to_string());
+    let (url, name) = (args.services.database_url.clone(), name.to_string());
     Ok(tokio::spawn(async move {
         let db = match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
             Ok((db, conn)) => {
@@ -405,12 +398,12 @@ async fn check_stack(args: &ChaosArgs) -> anyhow::Result<()> {
     let dir = std::env::var("STACK_DIR").unwrap_or_else(|_| ".stack".into());
     anyhow::ensure!(
         out.status.success()
-            && var("KAFKA_BROKERS").as_deref() == Some(args.brokers.as_str())
-            && var("DATABASE_URL").as_deref() == Some(args.database_url.as_str()),
+            && var("KAFKA_BROKERS").as_deref() == Some(args.services.brokers.as_str())
+            && var("DATABASE_URL").as_deref() == Some(args.services.database_url.as_str()),
         "this scenario crashes and restarts services with scripts/stack.sh, whose stack \
          (STACK_DIR={dir}) is not the one this run uses (KAFKA_BROKERS={}): set STACK_DIR to \
          the stack's folder and source its env file",
-        args.brokers
+        args.services.brokers
     );
     Ok(())
 }
@@ -494,8 +487,8 @@ async fn scenario(
     }
     let seconds = if args.quick { 8 } else { 20 };
     let spec = Spec {
-        brokers: args.brokers.clone(),
-        database_url: args.database_url.clone(),
+        brokers: args.services.brokers.clone(),
+        database_url: args.services.database_url.clone(),
         topic: topic.clone(),
         partitions,
         consumer: topic.clone(),
@@ -522,13 +515,13 @@ async fn scenario(
     let session = Session::open(&spec).await?;
     // Workers reach PostgreSQL through a proxy the scenario can cut.
     let proxy = if name == "postgres-unreachable" {
-        Some(Proxy::start(&args.database_url).await?)
+        Some(Proxy::start(&args.services.database_url).await?)
     } else {
         None
     };
     let database_url = proxy
         .as_ref()
-        .map_or(args.database_url.clone(), |p| p.url.clone());
+        .map_or(args.services.database_url.clone(), |p| p.url.clone());
     let mut env = Env {
         bin,
         args,
@@ -566,7 +559,7 @@ async fn scenario(
                     // locked): each failpoint worker dies with its processors waiting in their
                     // handler call, holding claimed rows, and a backlog builds up.
                     let block = match inbox {
-                        true => Some(Blocker::lock(&args.database_url).await?),
+                        true => Some(Blocker::lock(&args.services.database_url).await?),
                         false => None,
                     };
                     for fp in ["before_commit", "after_commit", "mid_copy"] {
@@ -579,7 +572,7 @@ async fn scenario(
                         // Then the processors are let loose on the backlog, and their worker
                         // is SIGKILLed while they drain it: a lock claim's rows are free when
                         // its connections die, a lease claim's when the lease expires.
-                        let db = Db::connect(&args.database_url).await?;
+                        let db = Db::connect(&args.services.database_url).await?;
                         let w = env.start(None)?;
                         pause(2000).await;
                         let backlog = db.open(&topic).await?;
@@ -696,7 +689,7 @@ async fn scenario(
                 "kafka",
                 "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
                 "--bootstrap-server",
-                &args.brokers,
+                &args.services.brokers,
                 "--group",
                 &topic,
                 "--topic",
@@ -713,7 +706,7 @@ async fn scenario(
         tokio::time::sleep(Duration::from_secs(8)).await;
         let again = finish_stage(&session, &spec, &produced).await;
         w.stop().await?;
-        let after = verify_effects(&args.database_url, &topic).await?;
+        let after = verify_effects(&args.services.database_url, &topic).await?;
         extra_ok = after == effects_before;
         note = format!("effects before reset {effects_before}, after restart {after}");
         if let Ok(r) = again {
@@ -733,7 +726,7 @@ async fn scenario(
     let _ = sampler.await;
     let kafka_ahead = ahead.load(Relaxed);
     if inbox {
-        let failed = Db::connect(&args.database_url)
+        let failed = Db::connect(&args.services.database_url)
             .await?
             .failed(&topic)
             .await?;
@@ -776,7 +769,8 @@ async fn inbox_burst(
 ) -> anyhow::Result<(crate::Produced, Vec<Proc>, String, bool)> {
     let args = env.args;
     let topic = spec.topic.as_str();
-    let (db, conn) = tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls).await?;
+    let (db, conn) =
+        tokio_postgres::connect(&args.services.database_url, tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
     // 1. The receiver owns every partition before the burst.
     let owner = env.next_id();
@@ -837,7 +831,7 @@ async fn inbox_burst(
         )
         .await?;
     let (rows, store_span): (i64, f64) = (row.get(0), row.get(1));
-    let effects_before = verify_effects(&args.database_url, topic).await?;
+    let effects_before = verify_effects(&args.services.database_url, topic).await?;
     let open_before = crate::verify::inbox_open(&db, topic).await?;
     // 3. A clean stop commits to Kafka exactly what PostgreSQL stored.
     receiver.stop().await?;
@@ -1004,7 +998,7 @@ async fn verify_effects(url: &str, consumer: &str) -> anyhow::Result<u64> {
 /// Whether Kafka's committed offset equals PostgreSQL's stored one on every partition.
 async fn offsets_equal(args: &ChaosArgs, topic: &str, partitions: i32) -> anyhow::Result<bool> {
     let observer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &args.brokers)
+        .set("bootstrap.servers", &args.services.brokers)
         .set("group.id", topic)
         .create()?;
     let mut tpl = TopicPartitionList::new();
@@ -1015,7 +1009,8 @@ async fn offsets_equal(args: &ChaosArgs, topic: &str, partitions: i32) -> anyhow
         observer.committed_offsets(tpl, Duration::from_secs(5))
     })
     .await??;
-    let (db, conn) = tokio_postgres::connect(&args.database_url, tokio_postgres::NoTls).await?;
+    let (db, conn) =
+        tokio_postgres::connect(&args.services.database_url, tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
     let rows = db
         .query(

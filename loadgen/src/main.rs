@@ -33,19 +33,26 @@ use rdkafka::ClientConfig;
 use produce::{Kind, Mix, Progress, Run};
 use report::{LagPoint, LatencyPoint, RatePoint, Report};
 
-#[derive(Debug, clap::Args)]
-struct Args {
+/// Where the stack's services are; every subcommand takes them the same way.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Services {
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    brokers: String,
-    /// PostgreSQL, for verification (the password is never printed).
+    pub brokers: String,
+    /// PostgreSQL: the engine's database, read to verify (the password is never printed).
     #[arg(
         long,
         env = "DATABASE_URL",
         hide_env_values = true,
         default_value = "postgres://postgres@127.0.0.1:5432/effectively"
     )]
-    database_url: String,
+    pub database_url: String,
+}
+
+#[derive(Debug, clap::Args)]
+struct Args {
+    #[command(flatten)]
+    services: crate::Services,
     /// Topic to produce to (created with --partitions if missing).
     #[arg(long, default_value = "payments")]
     topic: String,
@@ -179,8 +186,8 @@ pub struct Spec {
 impl Spec {
     fn from_args(args: &Args) -> anyhow::Result<Spec> {
         Ok(Spec {
-            brokers: args.brokers.clone(),
-            database_url: args.database_url.clone(),
+            brokers: args.services.brokers.clone(),
+            database_url: args.services.database_url.clone(),
             topic: args.topic.clone(),
             partitions: args.partitions,
             consumer: args.consumer.clone(),

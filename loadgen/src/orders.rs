@@ -71,15 +71,8 @@ const SHOW: usize = 5;
 
 #[derive(Debug, clap::Args)]
 pub struct OrdersArgs {
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    brokers: String,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        hide_env_values = true,
-        default_value = "postgres://postgres@127.0.0.1:5432/effectively"
-    )]
-    database_url: String,
+    #[command(flatten)]
+    services: crate::Services,
     /// The engine's binary (default: next to this one).
     #[arg(long)]
     effectively: Option<PathBuf>,
@@ -313,14 +306,20 @@ pub async fn run(args: OrdersArgs) -> anyhow::Result<bool> {
         records.len()
     );
 
-    let session = Session::connect(&args.brokers, &args.database_url, &topic, PARTITIONS).await?;
+    let session = Session::connect(
+        &args.services.brokers,
+        &args.services.database_url,
+        &topic,
+        PARTITIONS,
+    )
+    .await?;
     let config = args.out.join(format!("{topic}.toml"));
     std::fs::write(&config, worker_config(&topic, args.strategy, args.mode))?;
     let bin = Worker::binary(args.effectively.as_deref())?;
     let worker = Worker {
         bin: &bin,
-        brokers: &args.brokers,
-        database_url: &args.database_url,
+        brokers: &args.services.brokers,
+        database_url: &args.services.database_url,
     };
     let start = |n: u32| {
         let id = format!("{topic}-w{n}");

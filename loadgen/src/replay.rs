@@ -31,15 +31,8 @@ use crate::{finish_stage, produce_stage, Session, Spec};
 /// `loadgen replay`: this phase alone.
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    brokers: String,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        hide_env_values = true,
-        default_value = "postgres://postgres@127.0.0.1:5432/effectively"
-    )]
-    database_url: String,
+    #[command(flatten)]
+    services: crate::Services,
     /// Payments in the topic (10% more records with the resends).
     #[arg(long, default_value_t = 100_000)]
     events: u64,
@@ -102,8 +95,8 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<bool> {
     std::fs::create_dir_all(&args.out)?;
     let report = phase(
         &bin,
-        &args.brokers,
-        &args.database_url,
+        &args.services.brokers,
+        &args.services.database_url,
         &args.out,
         args.events,
     )
