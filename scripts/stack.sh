@@ -31,8 +31,13 @@ die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 free_port_from() {
-  local p=$1
-  while port_busy "$p" || port_busy "$((p + 1))"; do p=$((p + 2)); done
+  local p=$1 n=${2:-2} i busy
+  while :; do
+    busy=
+    for i in $(seq 0 $((n - 1))); do port_busy "$((p + i))" && busy=1; done
+    [ -z "$busy" ] && break
+    p=$((p + n))
+  done
   echo "$p"
 }
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -81,20 +86,33 @@ kafka_up() {
   fi
   local port=${KAFKA_PORT:-}
   if [ -z "$port" ]; then
-    # Keep the port a formatted log dir was made for; otherwise 9092 or the next free pair.
+    # Keep the port a formatted log dir was made for; otherwise 9092 or the next free four
+    # (plaintext, controller, TLS, SASL over TLS).
     port=$(cat "$KAFKA_HOME/port" 2>/dev/null || echo 9092)
-    if port_busy "$port" || port_busy "$((port + 1))"; then port=$(free_port_from 9092); fi
+    if port_busy "$port" || port_busy "$((port + 1))" || port_busy "$((port + 2))" ||
+      port_busy "$((port + 3))"; then port=$(free_port_from 9092 4); fi
   fi
   echo "$port" >"$KAFKA_HOME/port"
+  kafka_tls_material
+  local tls=$KAFKA_HOME/tls scram="org.apache.kafka.common.security.scram.ScramLoginModule required;"
   cat >"$KAFKA_HOME/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$((port + 1))
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$((port + 1))
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+# Plaintext for the engine's tests and tools; TLS, and SASL (SCRAM-SHA-256/512, PLAIN) over TLS,
+# for the production-connectivity tests (tests/kafka_security.rs), with a CA of the stack's own.
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$((port + 1)),SSL://127.0.0.1:$((port + 2)),SASL_SSL://127.0.0.1:$((port + 3))
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,SSL://127.0.0.1:$((port + 2)),SASL_SSL://127.0.0.1:$((port + 3))
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL
+ssl.keystore.type=PEM
+ssl.keystore.location=$tls/keystore.pem
+ssl.client.auth=none
+sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512,PLAIN
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=$scram
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=$scram
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_effectively="$(cat "$tls/sasl.password")";
 log.dirs=$KAFKA_HOME/data
 num.partitions=1
 auto.create.topics.enable=false
@@ -128,11 +146,49 @@ EOF
     fi
     if kafka_answers "127.0.0.1:$port"; then
       log "kafka answers metadata requests: $(grep -m1 -o 'Kafka version: [^ ]*' "$KAFKA_HOME/logs/server.log" || true)"
+      kafka_scram_user "127.0.0.1:$port"
       return 0
     fi
     sleep 1
   done
   die "kafka did not answer within 90 s (see $KAFKA_HOME/logs/server.log)"
+}
+
+# A CA and a broker certificate (localhost, 127.0.0.1) for the TLS listeners, and the SASL
+# password, made once per stack with openssl; the CA file and the password file are what a test
+# or a user configures the engine with (KAFKA_CA_FILE, KAFKA_SASL_PASSWORD_FILE in the env).
+kafka_tls_material() {
+  local tls=$KAFKA_HOME/tls
+  [ -f "$tls/keystore.pem" ] && [ -f "$tls/sasl.password" ] && return 0
+  command -v openssl >/dev/null || die "openssl is needed to make the stack's test certificates"
+  mkdir -p "$tls"
+  (
+    cd "$tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 3650 \
+      -subj "/CN=effectively local stack CA" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout broker.key -out broker.csr -subj "/CN=localhost" 2>/dev/null
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >broker.ext
+    openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out broker.pem \
+      -days 3650 -extfile broker.ext 2>/dev/null
+    openssl pkcs8 -topk8 -nocrypt -in broker.key -out broker.pk8
+    cat broker.pk8 broker.pem >keystore.pem
+    openssl rand -hex 16 >sasl.password
+    chmod 600 ca.key broker.key broker.pk8 keystore.pem sasl.password
+  ) || die "making the stack's test certificates failed"
+}
+
+# The SCRAM user the tests connect as (`effectively`, both SHA-256 and SHA-512), created or
+# updated through the plaintext listener: idempotent, so an older stack gets it too.
+kafka_scram_user() {
+  local pw mechanism
+  pw=$(cat "$KAFKA_HOME/tls/sasl.password")
+  # One mechanism per request: the broker refuses two credentials of one user in one.
+  for mechanism in SCRAM-SHA-256 SCRAM-SHA-512; do
+    kafka_java kafka.admin.ConfigCommand --bootstrap-server "$1" --alter --entity-type users \
+      --entity-name effectively --add-config "$mechanism=[password=$pw]" \
+      >"$KAFKA_HOME/logs/scram-user.log" 2>&1 ||
+      { cat "$KAFKA_HOME/logs/scram-user.log" >&2; die "creating the SCRAM user failed"; }
+  done
 }
 
 kafka_down() {
@@ -317,6 +373,17 @@ write_env() {
 export KAFKA_BROKERS=$(cat "$STACK_DIR/kafka.brokers")
 export DATABASE_URL=$(cat "$STACK_DIR/pg.url")
 EOF
+  # The stack's own broker has TLS and SASL listeners too (not an external one).
+  if [ -f "$KAFKA_HOME/port" ] && [ -f "$KAFKA_HOME/tls/ca.pem" ] && pid_alive "$KAFKA_HOME/pid"; then
+    local port
+    port=$(cat "$KAFKA_HOME/port")
+    cat >>"$STACK_DIR/env" <<EOF
+export KAFKA_TLS_BROKERS=127.0.0.1:$((port + 2))
+export KAFKA_SASL_BROKERS=127.0.0.1:$((port + 3))
+export KAFKA_CA_FILE=$KAFKA_HOME/tls/ca.pem
+export KAFKA_SASL_PASSWORD_FILE=$KAFKA_HOME/tls/sasl.password
+EOF
+  fi
 }
 
 status() {

@@ -113,7 +113,8 @@ pub enum Command {
     },
     /// Apply the schema migrations that the database does not have yet.
     Migrate {
-        /// PostgreSQL URL (the password, if any, is never printed).
+        /// PostgreSQL URL (the password, if any, is never printed). TLS as libpq:
+        /// `?sslmode=verify-full&sslrootcert=/path/ca.pem`.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
@@ -121,6 +122,10 @@ pub enum Command {
     CheckConfig {
         #[arg(long, short, default_value = "effectively.toml")]
         config: PathBuf,
+        /// Also connect: read the Kafka cluster's metadata and run a query on PostgreSQL, with
+        /// the configured TLS and SASL settings; a failure says why and exits non-zero.
+        #[arg(long)]
+        connect: bool,
     },
     /// Print a complete, commented example config.
     ExampleConfig,
@@ -216,6 +221,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             metrics_addr,
         } => {
             let config = Config::load(&config)?;
+            // The pool connects lazily: a wrong CA or host name must stop the start, not
+            // repeat in the loop's retries.
+            store::pool::connect_to(&config.database).await?;
             serve_metrics(metrics_addr, &config, crate::metrics::DEFAULT_RELAY_ADDR)?;
             let relay = crate::relay::Relay::new(&config)?;
             until_signal("outbox relay", |stop| relay.run(stop)).await
@@ -225,6 +233,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             metrics_addr,
         } => {
             let config = Config::load(&config)?;
+            store::pool::connect_to(&config.database).await?; // as for the relay
             serve_metrics(metrics_addr, &config, crate::metrics::DEFAULT_SENDER_ADDR)?;
             let sender = crate::sender::Sender::new(&config)?;
             until_signal("notification sender", |stop| sender.run(stop)).await
@@ -248,11 +257,24 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::CheckConfig { config: path } => {
+        Command::CheckConfig {
+            config: path,
+            connect,
+        } => {
             let config = Config::load(&path)?;
+            let (_, tls) = (config.database.tls)
+                .resolve(config.database.url.expose())
+                .map_err(anyhow::Error::msg)?;
+            // Reading the CA file now: a missing or unparseable one fails the check.
+            store::tls::connector(&tls)?;
             println!("{}: valid", path.display());
             println!("  kafka:    {}", config.kafka.brokers);
+            println!("  kafka security: {}", kafka_security(&config.kafka));
             println!("  database: {}", config.database.url);
+            match &tls.ca_file {
+                Some(ca) => println!("  database tls: {}, ca_file {}", tls.mode, ca.display()),
+                None => println!("  database tls: {}", tls.mode),
+            }
             println!("  worker:   {}", config.worker_id());
             for c in &config.consumers {
                 let strategy = match c.strategy {
@@ -291,6 +313,25 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             if let Some(s) = &config.sender {
                 let channels: Vec<&String> = s.channels.keys().collect();
                 println!("  sender: channels {channels:?}, batch {}", s.batch);
+            }
+            if connect {
+                let kafka = config.kafka.clone();
+                let brokers = tokio::task::spawn_blocking(move || {
+                    crate::source::probe(&kafka, std::time::Duration::from_secs(10))
+                })
+                .await?
+                .map_err(anyhow::Error::msg)?;
+                println!("  connect kafka: ok ({brokers} broker(s) in the metadata)");
+                let db = store::pool::connect_to(&config.database).await?;
+                let ssl: bool = db
+                    .query_one(
+                        "SELECT coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
+                        &[],
+                    )
+                    .await?
+                    .get(0);
+                let how = if ssl { "TLS" } else { "no TLS" };
+                println!("  connect database: ok ({how})");
             }
             Ok(())
         }
@@ -471,7 +512,7 @@ async fn inbox(action: InboxAction) -> anyhow::Result<()> {
                     "no consumer of this config has strategy = \"inbox\" or [consumer.version]"
                 );
             }
-            let client = store::pool::connect(config.database.url.expose()).await?;
+            let client = store::pool::connect_to(&config.database).await?;
             let rows = store::inbox::status(&client, &names).await?;
             print!("{}", admin::render_status(&rows));
             for c in config.consumers.iter().filter(|c| c.version.is_some()) {
@@ -507,7 +548,7 @@ async fn inbox(action: InboxAction) -> anyhow::Result<()> {
                 since,
                 key: key.as_deref().map(admin::stored_key),
             };
-            let client = store::pool::connect(config.database.url.expose()).await?;
+            let client = store::pool::connect_to(&config.database).await?;
             let n = store::inbox::replay(&client, &consumer, &filter).await?;
             println!("{n} row(s) of {consumer:?} back to PENDING");
             Ok(())
@@ -521,7 +562,7 @@ async fn retention(action: RetentionAction) -> anyhow::Result<()> {
         RetentionAction::Status { config } => (config, false),
     };
     let config = Config::load(path)?;
-    let client = store::pool::connect(config.database.url.expose()).await?;
+    let client = store::pool::connect_to(&config.database).await?;
     let ahead = config
         .consumers
         .iter()
@@ -580,4 +621,35 @@ async fn retention(action: RetentionAction) -> anyhow::Result<()> {
         println!("{d:<12} {:>14} {:>12}  create", "-", "-");
     }
     Ok(())
+}
+
+/// `[kafka.tls]` and `[kafka.sasl]` in one line, the password's source but never the password.
+fn kafka_security(k: &crate::config::KafkaConfig) -> String {
+    use crate::config::kafka_security::protocol;
+    let mut out = protocol(k.tls.as_ref(), k.sasl.as_ref()).to_string();
+    if let Some(t) = &k.tls {
+        match &t.ca_file {
+            Some(ca) => out += &format!(", ca_file {}", ca.display()),
+            None => out += ", the system's CAs",
+        }
+        if let Some(c) = &t.cert_file {
+            out += &format!(", client certificate {}", c.display());
+        }
+        if !t.verify_hostname {
+            out += ", host name not checked";
+        }
+    }
+    if let Some(s) = &k.sasl {
+        let from = match (&s.password_env, &s.password_file) {
+            (Some(v), _) => format!("${v}"),
+            (_, Some(f)) => f.display().to_string(),
+            _ => "nowhere".into(),
+        };
+        out += &format!(
+            ", {} as {:?} (password from {from})",
+            s.mechanism.as_librdkafka(),
+            s.username
+        );
+    }
+    out
 }

@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Published, RelayConfig, RetryConfig};
@@ -34,6 +33,8 @@ pub enum RelayError {
     NotConfigured,
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("kafka settings: {0}")]
+    KafkaSettings(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -67,21 +68,18 @@ impl Relay {
     /// Builds the relay of `config`'s `[relay]` (no connection is made yet).
     pub fn new(config: &Config) -> Result<Relay, RelayError> {
         let relay = config.relay.clone().ok_or(RelayError::NotConfigured)?;
-        let mut producer = ClientConfig::new();
-        producer
-            .set("bootstrap.servers", &config.kafka.brokers)
+        let producer = config.kafka.client_config(&[
             // No duplicates or reordering from the producer's own retries: what is left is the
             // resend after a crash, which the event id covers.
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
-            .set(
+            ("enable.idempotence", "true".into()),
+            ("acks", "all".into()),
+            ("linger.ms", "5".into()),
+            (
                 "message.timeout.ms",
                 relay.publish_timeout.as_millis().to_string(),
-            );
-        for (k, v) in &config.kafka.options {
-            producer.set(k, v);
-        }
+            ),
+        ]);
+        let producer = producer.map_err(RelayError::KafkaSettings)?;
         let opts = pool::PoolOptions {
             size: 2,
             connect_timeout: config.database.connect_timeout,
@@ -90,7 +88,7 @@ impl Relay {
         Ok(Relay {
             types: relay.event_types(),
             config: relay,
-            pool: pool::build(config.database.url.expose(), &opts)?,
+            pool: pool::build_for(&config.database, &opts)?,
             producer: producer.create()?,
         })
     }

@@ -108,7 +108,7 @@ impl Sender {
             http: reqwest::Client::builder()
                 .timeout(sender.request_timeout)
                 .build()?,
-            pool: pool::build(config.database.url.expose(), &opts)?,
+            pool: pool::build_for(&config.database, &opts)?,
             config: sender,
         })
     }

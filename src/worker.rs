@@ -77,14 +77,15 @@ impl Worker {
                     .into(),
             ));
         }
-        let url = config.database.url.expose().to_string();
+        let db = config.database.clone();
         let opts = PoolOptions {
             size: config.database.pool_size,
             connect_timeout: config.database.connect_timeout,
             idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
         };
-        let pg = pool::build(&url, &opts)?;
-        let client = pool::connect(&url).await?;
+        let pg = pool::build_for(&db, &opts)?;
+        // Also the start-up check of the TLS settings: a wrong CA or host name stops here.
+        let client = pool::connect_to(&db).await?;
         let migrated: Option<String> = client
             .query_one("SELECT to_regclass('consumer_offsets')::text", &[])
             .await
@@ -219,7 +220,7 @@ impl Worker {
             .map(|c| c.name.clone())
             .collect();
         tasks.spawn(maintain_partitions(
-            url.clone(),
+            db.clone(),
             known,
             ahead,
             longest_retention,
@@ -301,7 +302,7 @@ pub async fn run(
 /// the longest declared retention. Runs on a connection of its own (a detach cannot run in a
 /// transaction) and only where it gets the maintenance lock: one instance at a time.
 async fn maintain_partitions(
-    url: String,
+    db: crate::config::DatabaseConfig,
     known: Arc<Known>,
     ahead: u32,
     retention_days: i32,
@@ -309,7 +310,7 @@ async fn maintain_partitions(
 ) -> Result<(), TaskError> {
     loop {
         let today = chrono::Utc::now().date_naive();
-        match pool::connect(&url).await {
+        match pool::connect_to(&db).await {
             Ok(client) => {
                 match retention::run(&client, &known, today, ahead, retention_days).await {
                     Ok(retention::Ran::Skipped) => {

@@ -13,14 +13,18 @@ use humantime_serde::re::humantime::format_duration;
 use serde::{Deserialize, Deserializer};
 
 mod inbox;
+pub mod kafka_security;
 mod prefilter;
 mod relay;
 mod sender;
+mod tls;
 mod version;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
+pub use kafka_security::{KafkaSasl, KafkaTls, SaslMechanism};
 pub use prefilter::{PrefilterConfig, Ttl};
 pub use relay::{Published, RelayConfig};
 pub use sender::{ChannelConfig, OnInterrupted, SenderConfig};
+pub use tls::{without_tls_params, Tls, TlsConfig, TlsMode};
 pub use version::{VersionConfig, VersionMode};
 
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
@@ -76,8 +80,36 @@ pub struct KafkaConfig {
     /// The longest gap between two polls before librdkafka leaves the group on our behalf.
     #[serde(with = "humantime_serde")]
     pub max_poll_interval: Duration,
-    /// `[kafka.options]`: raw librdkafka properties (TLS, SASL, tuning), passed through.
+    /// `[kafka.tls]`: TLS to the brokers (see `kafka_security`).
+    pub tls: Option<KafkaTls>,
+    /// `[kafka.sasl]`: SASL authentication (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).
+    pub sasl: Option<KafkaSasl>,
+    /// `[kafka.options]`: raw librdkafka properties (tuning), passed through; they override
+    /// the engine's own.
     pub options: BTreeMap<String, String>,
+}
+
+impl KafkaConfig {
+    /// A librdkafka client config with the brokers, the security settings and the raw
+    /// options (applied last): what every Kafka client of the engine starts from. `defaults`
+    /// are the caller's own properties, which the raw options may override.
+    pub fn client_config(
+        &self,
+        defaults: &[(&str, String)],
+    ) -> Result<rdkafka::ClientConfig, String> {
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        for (k, v) in kafka_security::properties(self.tls.as_ref(), self.sasl.as_ref())? {
+            c.set(k, v);
+        }
+        for (k, v) in defaults {
+            c.set(*k, v);
+        }
+        for (k, v) in &self.options {
+            c.set(k, v);
+        }
+        Ok(c)
+    }
 }
 
 impl Default for KafkaConfig {
@@ -86,6 +118,8 @@ impl Default for KafkaConfig {
             brokers: "127.0.0.1:9092".into(),         // the local stack's broker
             session_timeout: Duration::from_secs(45), // librdkafka session.timeout.ms 45000
             max_poll_interval: Duration::from_secs(300), // librdkafka max.poll.interval.ms 300000
+            tls: None,
+            sasl: None,
             options: BTreeMap::new(),
         }
     }
@@ -106,6 +140,8 @@ impl fmt::Debug for KafkaConfig {
             .field("brokers", &self.brokers)
             .field("session_timeout", &self.session_timeout)
             .field("max_poll_interval", &self.max_poll_interval)
+            .field("tls", &self.tls)
+            .field("sasl", &self.sasl)
             .field("options", &options)
             .finish()
     }
@@ -125,6 +161,9 @@ pub struct DatabaseConfig {
     /// releases the locks) of a zombie worker left inside a transaction.
     #[serde(with = "humantime_serde")]
     pub idle_in_transaction_timeout: Duration,
+    /// `[database.tls]` (or `tls = { mode = "verify-full", ca_file = "..." }`): libpq's
+    /// `sslmode` semantics; the URL's `sslmode`/`sslrootcert` work too.
+    pub tls: TlsConfig,
 }
 
 impl Default for DatabaseConfig {
@@ -134,6 +173,7 @@ impl Default for DatabaseConfig {
             pool_size: 16,
             connect_timeout: Duration::from_secs(5),
             idle_in_transaction_timeout: Duration::from_secs(60),
+            tls: TlsConfig::default(), // libpq's sslmode=prefer
         }
     }
 }
@@ -542,8 +582,16 @@ impl Config {
                 format_duration(kafka.max_poll_interval)
             ));
         }
+        // Reads the SASL password and checks the certificate files now: a missing one fails at
+        // start, not at the first connection.
+        if let Err(e) = kafka_security::properties(kafka.tls.as_ref(), kafka.sasl.as_ref()) {
+            problems.push(e);
+        }
         if self.database.pool_size < 1 {
             problems.push("database.pool_size must be at least 1".into());
+        }
+        if let Err(e) = self.database.tls.resolve(self.database.url.expose()) {
+            problems.push(e);
         }
         if self.consumers.is_empty() && self.relay.is_none() && self.sender.is_none() {
             problems
@@ -711,8 +759,22 @@ session_timeout = "45s"
 # The longest gap between polls before librdkafka leaves the group (max.poll.interval.ms).
 max_poll_interval = "5m"
 
-# Raw librdkafka properties, passed through; values of keys naming a password or secret are
-# never printed. (Not a default: the default is no options.)
+# TLS to the brokers (security.protocol ssl, or sasl_ssl with [kafka.sasl]); no CA file: the
+# system's CAs. Client certificate optional.
+# [kafka.tls]
+# ca_file = "/etc/effectively/kafka-ca.pem"
+# cert_file = "/etc/effectively/client.pem"
+# key_file = "/etc/effectively/client.key"
+# verify_hostname = true
+# SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; the password from a variable or a file, never
+# from this file, and never printed.
+# [kafka.sasl]
+# mechanism = "SCRAM-SHA-512"
+# username = "effectively"
+# password_env = "KAFKA_PASSWORD"   # or password_file = "/run/secrets/kafka-password"
+
+# Raw librdkafka properties, passed through (they win over the fields above); values of keys
+# naming a password or secret are never printed. (Not a default: the default is no options.)
 [kafka.options]
 "client.id" = "effectively"
 
@@ -723,6 +785,11 @@ pool_size = 16
 connect_timeout = "5s"
 # PostgreSQL ends the session of a zombie worker left inside a transaction after this long.
 idle_in_transaction_timeout = "1m"
+# libpq's sslmode: "disable", "prefer" (TLS if offered, nothing verified), "require" (TLS,
+# nothing verified), "verify-ca" (the chain must lead to ca_file), "verify-full" (and the
+# certificate must name the URL's host: the mode for production). The URL's ?sslmode= and
+# &sslrootcert= are read too. Default: the URL's sslmode, else "prefer".
+# tls = { mode = "verify-full", ca_file = "/etc/effectively/db-ca.pem" }
 
 [worker]
 # id = "worker-1"   # default "<hostname>-<pid>"

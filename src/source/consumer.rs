@@ -246,10 +246,15 @@ impl Drop for Running {
 }
 
 impl Source {
-    fn client_config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.kafka.brokers)
-            .set("group.id", self.config.group_id())
+    fn client_config(&self) -> Result<ClientConfig, SourceError> {
+        let mut c = self
+            .kafka
+            .client_config(&[])
+            .map_err(|reason| SourceError::Fatal {
+                consumer: self.config.name.clone(),
+                reason,
+            })?;
+        c.set("group.id", self.config.group_id())
             .set("client.id", format!("effectively-{}", self.worker_id))
             // Offsets are stored by hand after each PostgreSQL commit, and only those are
             // committed to Kafka, in the background, on revocation and on close.
@@ -286,10 +291,11 @@ impl Source {
                 "max.poll.interval.ms",
                 self.kafka.max_poll_interval.as_millis().to_string(),
             );
+        // The raw options win over the engine's own, as documented.
         for (k, v) in &self.kafka.options {
             c.set(k, v);
         }
-        c
+        Ok(c)
     }
 
     /// Consumes until `shutdown` is cancelled, or a partition hits a fatal error.
@@ -303,7 +309,7 @@ impl Source {
             reset: self.config.auto_offset_reset,
         };
         let consumer: Arc<StreamConsumer<RebalanceContext>> =
-            Arc::new(self.client_config().create_with_context(context)?);
+            Arc::new(self.client_config()?.create_with_context(context)?);
         let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
 

@@ -13,6 +13,7 @@ pub mod outbox;
 pub mod partitions;
 pub mod pool;
 pub mod retention;
+pub mod tls;
 pub mod versions;
 
 /// What the caller should do about a failed database call.

@@ -1,19 +1,38 @@
-//! The connection pool, built from a `postgres://` URL.
+//! The connection pool, built from a `postgres://` URL and `[database.tls]`. Every connection
+//! of the engine is made here, so that none bypasses the TLS settings.
 
 use std::time::Duration;
 
 use deadpool_postgres::{HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+
+use crate::config::{DatabaseConfig, Tls, TlsConfig};
+use crate::store::tls::{self, TlsError};
 
 /// Errors building a pool or opening a connection.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     #[error("invalid database URL: {0}")]
     Url(#[source] tokio_postgres::Error),
+    /// Contradictory TLS settings (the config and the URL), or a mode without its CA file.
+    #[error("invalid database TLS settings: {0}")]
+    TlsConfig(String),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("could not build the connection pool: {0}")]
     Build(#[from] deadpool_postgres::BuildError),
-    #[error("could not connect to PostgreSQL: {0}")]
-    Connect(#[source] tokio_postgres::Error),
+    /// `explained`: what to fix, when the cause is TLS (a wrong CA, a host name the
+    /// certificate does not list, a server that refuses plaintext).
+    #[error(
+        "could not connect to PostgreSQL at {target} (sslmode {mode}): {}",
+        explained.clone().unwrap_or_else(|| source.to_string())
+    )]
+    Connect {
+        target: String,
+        mode: crate::config::TlsMode,
+        explained: Option<String>,
+        #[source]
+        source: tokio_postgres::Error,
+    },
 }
 
 /// How the engine's connections are set up.
@@ -33,8 +52,20 @@ pub struct PoolOptions {
 /// strategy one more round trip per message. A connection the server dropped unnoticed fails
 /// its first statement, which the strategies treat as "database unavailable" and retry on a
 /// fresh connection.
+///
+/// TLS: the URL's own `sslmode`/`sslrootcert`, else `prefer`. The engine's processes use
+/// [`build_for`], which adds `[database.tls]`.
 pub fn build(url: &str, opts: &PoolOptions) -> Result<Pool, PoolError> {
-    let mut pg: tokio_postgres::Config = url.parse().map_err(PoolError::Url)?;
+    build_with(url, &TlsConfig::default(), opts)
+}
+
+/// [`build`] for `[database]`: its URL and its TLS settings.
+pub fn build_for(db: &DatabaseConfig, opts: &PoolOptions) -> Result<Pool, PoolError> {
+    build_with(db.url.expose(), &db.tls, opts)
+}
+
+fn build_with(url: &str, tls: &TlsConfig, opts: &PoolOptions) -> Result<Pool, PoolError> {
+    let (mut pg, _, connector) = prepare(url, tls)?;
     pg.connect_timeout(opts.connect_timeout);
     // A server that vanishes without closing the socket (a network partition, a stalled
     // proxy) must not hold a batch forever: keepalives and the TCP user timeout turn silence
@@ -54,7 +85,7 @@ pub fn build(url: &str, opts: &PoolOptions) -> Result<Pool, PoolError> {
     ));
     let manager = Manager::from_config(
         pg,
-        NoTls,
+        connector,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -74,11 +105,53 @@ pub fn build(url: &str, opts: &PoolOptions) -> Result<Pool, PoolError> {
         .build()?)
 }
 
-/// One connection outside any pool, its connection task spawned on the current runtime.
+/// The parsed URL (without the `sslmode`/`sslrootcert` the engine handles), the TLS settings
+/// in force, and their connector. Reads the CA file: a missing or unreadable one fails here.
+fn prepare(
+    url: &str,
+    tls: &TlsConfig,
+) -> Result<
+    (
+        tokio_postgres::Config,
+        Tls,
+        tokio_postgres_rustls::MakeRustlsConnect,
+    ),
+    PoolError,
+> {
+    let (url, tls) = tls.resolve(url).map_err(PoolError::TlsConfig)?;
+    let mut pg: tokio_postgres::Config = url.parse().map_err(PoolError::Url)?;
+    let (connector, mode) = tls::connector(&tls)?;
+    pg.ssl_mode(mode);
+    Ok((pg, tls, connector))
+}
+
+/// One connection outside any pool, its connection task spawned on the current runtime. TLS
+/// as for [`build`]: the URL's own parameters.
 pub async fn connect(url: &str) -> Result<tokio_postgres::Client, PoolError> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .map_err(PoolError::Connect)?;
+    connect_with(url, &TlsConfig::default()).await
+}
+
+/// [`connect`] to `[database]`, with its TLS settings. A wrong CA, a certificate for another
+/// host, or a server that refuses plaintext fails here with a sentence saying which.
+pub async fn connect_to(db: &DatabaseConfig) -> Result<tokio_postgres::Client, PoolError> {
+    connect_with(db.url.expose(), &db.tls).await
+}
+
+async fn connect_with(url: &str, tls: &TlsConfig) -> Result<tokio_postgres::Client, PoolError> {
+    let (pg, tls, connector) = prepare(url, tls)?;
+    let (client, connection) = pg.connect(connector).await.map_err(|source| {
+        let host = match pg.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+            Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+            None => String::new(),
+        };
+        PoolError::Connect {
+            target: describe(&pg),
+            mode: tls.mode,
+            explained: tls::explain(&source, &tls, &host),
+            source,
+        }
+    })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "postgres connection closed");
@@ -89,27 +162,31 @@ pub async fn connect(url: &str) -> Result<tokio_postgres::Client, PoolError> {
 
 /// Redacts the password of a `postgres://` URL for logs and error messages.
 pub fn redact(url: &str) -> String {
-    match url.parse::<tokio_postgres::Config>() {
-        Ok(cfg) => {
-            let hosts: Vec<String> = cfg
-                .get_hosts()
-                .iter()
-                .map(|h| match h {
-                    tokio_postgres::config::Host::Tcp(s) => s.clone(),
-                    tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-                })
-                .collect();
-            let port = cfg.get_ports().first().copied().unwrap_or(5432);
-            format!(
-                "postgres://{}@{}:{}/{}",
-                cfg.get_user().unwrap_or(""),
-                hosts.join(","),
-                port,
-                cfg.get_dbname().unwrap_or("")
-            )
-        }
+    // The TLS parameters only the engine understands would fail tokio-postgres's parser.
+    match crate::config::without_tls_params(url).parse::<tokio_postgres::Config>() {
+        Ok(cfg) => describe(&cfg),
         Err(_) => "<unparseable database URL>".to_string(),
     }
+}
+
+/// `postgres://user@hosts:port/db`: never the password.
+fn describe(cfg: &tokio_postgres::Config) -> String {
+    let hosts: Vec<String> = cfg
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(s) => s.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .collect();
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres://{}@{}:{}/{}",
+        cfg.get_user().unwrap_or(""),
+        hosts.join(","),
+        port,
+        cfg.get_dbname().unwrap_or("")
+    )
 }
 
 #[cfg(test)]
@@ -121,5 +198,7 @@ mod tests {
         let r = redact("postgres://app:s3cret@db.example:6543/ledger");
         assert_eq!(r, "postgres://app@db.example:6543/ledger");
         assert!(!r.contains("s3cret"));
+        let tls = redact("postgres://app:s3cret@db.example/ledger?sslmode=verify-ca");
+        assert_eq!(tls, "postgres://app@db.example:5432/ledger");
     }
 }

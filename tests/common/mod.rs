@@ -13,7 +13,7 @@ use rdkafka::ClientConfig;
 
 /// `KAFKA_BROKERS` / `DATABASE_URL` from the environment, else from `.stack/env` (written by
 /// `scripts/stack.sh up`), else the stack's defaults.
-fn setting(name: &str, default: &str) -> String {
+pub fn setting(name: &str, default: &str) -> String {
     if let Ok(v) = std::env::var(name) {
         return v;
     }
