@@ -89,44 +89,15 @@ async fn workers_consume_over_tls_and_over_sasl_scram_and_plain() {
     let s = stack();
     let db = common::pg().await;
     let producer = common::producer();
+    let over_sasl = |mechanism| {
+        let login = sasl(mechanism, "effectively", s.password_file.clone());
+        kafka(&s.sasl_brokers, Some(tls(&s.ca_file)), Some(login))
+    };
     let setups = [
         ("tls", kafka(&s.tls_brokers, Some(tls(&s.ca_file)), None)),
-        (
-            "scram-sha-512",
-            kafka(
-                &s.sasl_brokers,
-                Some(tls(&s.ca_file)),
-                Some(sasl(
-                    SaslMechanism::ScramSha512,
-                    "effectively",
-                    s.password_file.clone(),
-                )),
-            ),
-        ),
-        (
-            "scram-sha-256",
-            kafka(
-                &s.sasl_brokers,
-                Some(tls(&s.ca_file)),
-                Some(sasl(
-                    SaslMechanism::ScramSha256,
-                    "effectively",
-                    s.password_file.clone(),
-                )),
-            ),
-        ),
-        (
-            "plain",
-            kafka(
-                &s.sasl_brokers,
-                Some(tls(&s.ca_file)),
-                Some(sasl(
-                    SaslMechanism::Plain,
-                    "effectively",
-                    s.password_file.clone(),
-                )),
-            ),
-        ),
+        ("scram-sha-512", over_sasl(SaslMechanism::ScramSha512)),
+        ("scram-sha-256", over_sasl(SaslMechanism::ScramSha256)),
+        ("plain", over_sasl(SaslMechanism::Plain)),
     ];
     for (name, k) in setups {
         let topic = common::unique(&format!("secure-{name}"));

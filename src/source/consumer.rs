@@ -246,56 +246,54 @@ impl Drop for Running {
 }
 
 impl Source {
+    /// The engine's consumer properties, handed to [`crate::config::KafkaConfig::client_config`], which adds
+    /// the brokers and security settings first and `kafka.options` last (they win).
     fn client_config(&self) -> Result<ClientConfig, SourceError> {
-        let mut c = self
-            .kafka
-            .client_config(&[])
-            .map_err(|reason| SourceError::Fatal {
-                consumer: self.config.name.clone(),
-                reason,
-            })?;
-        c.set("group.id", self.config.group_id())
-            .set("client.id", format!("effectively-{}", self.worker_id))
+        let properties = [
+            ("group.id", self.config.group_id().to_string()),
+            ("client.id", format!("effectively-{}", self.worker_id)),
             // Offsets are stored by hand after each PostgreSQL commit, and only those are
             // committed to Kafka, in the background, on revocation and on close.
-            .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "1000")
-            .set("enable.auto.offset.store", "false")
+            ("enable.auto.commit", "true".into()),
+            ("auto.commit.interval.ms", "1000".into()),
+            ("enable.auto.offset.store", "false".into()),
             // With split partition queues these bound each partition's prefetch (librdkafka's
             // defaults, 100,000 messages and 64 MiB, would let a backlog of 6 partitions take
             // 384 MiB). 4 MiB is still several full batches ahead of the transaction.
-            .set("queued.min.messages", "20000")
-            .set("queued.max.messages.kbytes", "4096")
+            ("queued.min.messages", "20000".into()),
+            ("queued.max.messages.kbytes", "4096".into()),
             // Incremental rebalances: a member joining or leaving moves only the partitions
             // that change owner, and the others keep committing through it (the eager
             // protocols revoke every partition of every member first). The rebalance callback
             // handles both; `kafka.options` may still pick another assignor.
-            .set("partition.assignment.strategy", "cooperative-sticky")
+            ("partition.assignment.strategy", "cooperative-sticky".into()),
             // Feeds the consumer lag gauge (see `RebalanceContext::stats`).
-            .set("statistics.interval.ms", "5000")
-            .set(
+            ("statistics.interval.ms", "5000".into()),
+            (
                 "auto.offset.reset",
-                self.config.auto_offset_reset.as_librdkafka(),
-            )
-            .set(
+                self.config.auto_offset_reset.as_librdkafka().into(),
+            ),
+            (
                 "session.timeout.ms",
                 self.kafka.session_timeout.as_millis().to_string(),
-            )
+            ),
             // How soon a member hears of a rebalance (librdkafka's default is 3 s): a member
             // that left or joined waits for the others' next heartbeat, twice with the
             // cooperative protocol, and the partitions that move stand still meanwhile. A
             // heartbeat is a few dozen bytes: four a second per member cost the coordinator
             // nothing noticeable.
-            .set("heartbeat.interval.ms", "250")
-            .set(
+            ("heartbeat.interval.ms", "250".into()),
+            (
                 "max.poll.interval.ms",
                 self.kafka.max_poll_interval.as_millis().to_string(),
-            );
-        // The raw options win over the engine's own, as documented.
-        for (k, v) in &self.kafka.options {
-            c.set(k, v);
-        }
-        Ok(c)
+            ),
+        ];
+        self.kafka
+            .client_config(&properties)
+            .map_err(|reason| SourceError::Fatal {
+                consumer: self.config.name.clone(),
+                reason,
+            })
     }
 
     /// Consumes until `shutdown` is cancelled, or a partition hits a fatal error.
