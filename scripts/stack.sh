@@ -25,52 +25,13 @@ STACK_DIR=${STACK_DIR:-$ROOT/.stack}
 KAFKA_HOME=$STACK_DIR/kafka
 POM=$ROOT/scripts/kafka/pom.xml
 PG_DB=${PG_DB:-effectively}
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 
-log() { printf '[stack] %s\n' "$*" >&2; }
-die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
-
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port_from() {
-  local p=$1 n=${2:-2} i busy
-  while :; do
-    busy=
-    for i in $(seq 0 $((n - 1))); do port_busy "$((p + i))" && busy=1; done
-    [ -z "$busy" ] && break
-    p=$((p + n))
-  done
-  echo "$p"
-}
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-kafka_version() { sed -n 's#.*<artifactId>kafka_2.13</artifactId><version>\([^<]*\)<.*#\1#p' "$POM"; }
 
 # ---------------------------------------------------------------------------------------------
 # Kafka
 # ---------------------------------------------------------------------------------------------
-
-kafka_jars() {
-  local want have
-  want=$(sha256sum "$POM" | cut -c1-16)
-  have=$(cat "$KAFKA_HOME/lib/.pom-hash" 2>/dev/null || true)
-  [ "$want" = "$have" ] && return 0
-  command -v mvn >/dev/null || die "mvn is needed to fetch Kafka's jars from Maven Central"
-  log "fetching Apache Kafka $(kafka_version) jars with mvn (cached in ~/.m2 and $KAFKA_HOME/lib)"
-  rm -rf "$KAFKA_HOME/lib.tmp"
-  mvn -B -q -f "$POM" dependency:copy-dependencies \
-    -DoutputDirectory="$KAFKA_HOME/lib.tmp" -DincludeScope=runtime >"$STACK_DIR/mvn.log" 2>&1 ||
-    { tail -30 "$STACK_DIR/mvn.log" >&2; die "mvn could not fetch Kafka's jars"; }
-  echo "$want" >"$KAFKA_HOME/lib.tmp/.pom-hash"
-  rm -rf "$KAFKA_HOME/lib"
-  mv "$KAFKA_HOME/lib.tmp" "$KAFKA_HOME/lib"
-}
-
-kafka_java() {
-  java -cp "$KAFKA_HOME/lib/*" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.properties" \
-    -Dkafka.logs.dir="$KAFKA_HOME/logs" "$@"
-}
-
-kafka_answers() {
-  kafka_java org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "$1" >/dev/null 2>&1
-}
 
 kafka_up() {
   mkdir -p "$KAFKA_HOME/logs"
@@ -126,32 +87,15 @@ group.initial.rebalance.delay.ms=0
 log.retention.hours=168
 EOF
   if [ ! -f "$KAFKA_HOME/data/meta.properties" ]; then
-    local cid
-    cid=$(kafka_java kafka.tools.StorageTool random-uuid)
-    kafka_java kafka.tools.StorageTool format -t "$cid" -c "$KAFKA_HOME/server.properties" \
-      >"$KAFKA_HOME/logs/format.log" 2>&1 || { cat "$KAFKA_HOME/logs/format.log" >&2; die "kafka storage format failed"; }
+    kafka_format "$KAFKA_HOME/server.properties" "$(kafka_java kafka.tools.StorageTool random-uuid)" \
+      "$KAFKA_HOME/logs/format.log"
   fi
   log "starting Apache Kafka $(kafka_version) on 127.0.0.1:$port (logs: $KAFKA_HOME/logs)"
-  setsid nohup java -Xms256m -Xmx${KAFKA_HEAP:-768m} -XX:+UseG1GC -Djava.awt.headless=true \
-    -cp "$KAFKA_HOME/lib/*" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.properties" \
-    -Dkafka.logs.dir="$KAFKA_HOME/logs" kafka.Kafka "$KAFKA_HOME/server.properties" \
-    >"$KAFKA_HOME/logs/stdout.log" 2>&1 </dev/null &
-  echo $! >"$KAFKA_HOME/pid"
+  kafka_spawn "$KAFKA_HOME/server.properties" "$KAFKA_HOME/logs" "$KAFKA_HOME/pid" "${KAFKA_HEAP:-768m}"
   echo "127.0.0.1:$port" >"$STACK_DIR/kafka.brokers"
-  local i
-  for i in $(seq 1 90); do
-    if ! pid_alive "$KAFKA_HOME/pid"; then
-      tail -30 "$KAFKA_HOME/logs/stdout.log" "$KAFKA_HOME/logs/server.log" >&2 || true
-      die "kafka exited during start-up"
-    fi
-    if kafka_answers "127.0.0.1:$port"; then
-      log "kafka answers metadata requests: $(grep -m1 -o 'Kafka version: [^ ]*' "$KAFKA_HOME/logs/server.log" || true)"
-      kafka_scram_user "127.0.0.1:$port"
-      return 0
-    fi
-    sleep 1
-  done
-  die "kafka did not answer within 90 s (see $KAFKA_HOME/logs/server.log)"
+  kafka_wait "$KAFKA_HOME/pid" "$KAFKA_HOME/logs" kafka_answers "127.0.0.1:$port"
+  log "kafka answers metadata requests: $(grep -m1 -o 'Kafka version: [^ ]*' "$KAFKA_HOME/logs/server.log" || true)"
+  kafka_scram_user "127.0.0.1:$port"
 }
 
 # A CA and a broker certificate (localhost, 127.0.0.1) for the TLS listeners, and the SASL
@@ -191,63 +135,11 @@ kafka_scram_user() {
   done
 }
 
-kafka_down() {
-  pid_alive "$KAFKA_HOME/pid" || { rm -f "$KAFKA_HOME/pid"; return 0; }
-  local pid i
-  pid=$(cat "$KAFKA_HOME/pid")
-  log "stopping kafka (pid $pid)"
-  kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  kill -0 "$pid" 2>/dev/null && { log "kafka did not stop in 30 s; killing it"; kill -KILL "$pid" 2>/dev/null || true; }
-  rm -f "$KAFKA_HOME/pid"
-}
+kafka_down() { stop_pidfile "$KAFKA_HOME/pid" kafka; }
 
 # ---------------------------------------------------------------------------------------------
 # PostgreSQL
 # ---------------------------------------------------------------------------------------------
-
-pg_bin() {
-  local d
-  for d in /usr/lib/postgresql/15/bin /usr/lib/postgresql/*/bin; do
-    [ -x "$d/initdb" ] && { echo "$d"; return 0; }
-  done
-  return 1
-}
-
-pg_install() {
-  pg_bin >/dev/null && return 0
-  log "installing Debian's PostgreSQL 15 (apt-get)"
-  command -v apt-get >/dev/null || die "no PostgreSQL binaries and no apt-get to install them"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  # postgresql-15 alone: the binaries, without Debian's auto-started "main" cluster.
-  apt-get install -y -qq postgresql-15 postgresql-client-15 >/dev/null || die "apt-get install postgresql-15 failed"
-  pg_bin >/dev/null || die "PostgreSQL installed but initdb not found"
-}
-
-pg_answers() { psql "$1" -XtAc 'select 1' >/dev/null 2>&1; }
-
-as_postgres() {
-  if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
-}
-
-# The data folder: .stack/pg, unless the postgres user cannot reach it (a clone under /root),
-# in which case it lives under /var/lib/effectively and .stack/pg points there.
-pg_data_dir() {
-  local link=$STACK_DIR/pg
-  if [ -L "$link" ]; then readlink "$link"; return 0; fi
-  if [ -d "$link" ]; then echo "$link"; return 0; fi
-  mkdir -p "$link"
-  [ "$(id -u)" = 0 ] && chown postgres:postgres "$link"
-  if as_postgres test -w "$link"; then echo "$link"; return 0; fi
-  rmdir "$link"
-  local real
-  real=/var/lib/effectively/$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)/pg
-  mkdir -p "$real"
-  chown postgres:postgres "$real" "$(dirname "$real")"
-  ln -s "$real" "$link"
-  echo "$real"
-}
 
 pg_own_running() {
   [ -e "$STACK_DIR/pg" ] && pg_bin >/dev/null && as_postgres "$(pg_bin)/pg_ctl" -D "$(pg_data_dir)" status >/dev/null 2>&1
@@ -263,12 +155,7 @@ pg_up() {
   local bin data port url
   bin=$(pg_bin)
   data=$(pg_data_dir)
-  if [ ! -f "$data/PG_VERSION" ]; then
-    log "initdb into $data"
-    [ "$(id -u)" = 0 ] && chown postgres:postgres "$data"
-    as_postgres "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 \
-      >"$STACK_DIR/initdb.log" 2>&1 || { cat "$STACK_DIR/initdb.log" >&2; die "initdb failed"; }
-  fi
+  pg_initdb "$data" "$STACK_DIR/initdb.log"
   if pg_own_running; then
     port=$(cat "$STACK_DIR/pg.port")
     log "postgresql already running on 127.0.0.1:$port"
@@ -277,16 +164,10 @@ pg_up() {
     if port_busy "$port"; then port=$(free_port_from 5432); fi
     echo "$port" >"$STACK_DIR/pg.port"
     log "starting PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$port (data: $data)"
-    # fsync and synchronous_commit stay on: we sell durability, and measure with it.
-    as_postgres "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -t 60 start -o \
-      "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=300 \
-       -c shared_buffers=256MB -c max_wal_size=2GB -c fsync=on -c synchronous_commit=on" \
-      >/dev/null || { tail -30 "$data/server.log" >&2; die "postgresql did not start"; }
+    pg_start "$data" "$port"
   fi
   url="postgres://postgres@127.0.0.1:$port/$PG_DB"
-  if ! psql "postgres://postgres@127.0.0.1:$port/postgres" -XtAc "select 1 from pg_database where datname = '$PG_DB'" | grep -q 1; then
-    psql "postgres://postgres@127.0.0.1:$port/postgres" -Xqc "create database $PG_DB" >/dev/null
-  fi
+  pg_create_db "$port"
   echo "$url" >"$STACK_DIR/pg.url"
 }
 

@@ -1,0 +1,169 @@
+# Helpers shared by scripts/stack.sh (the single-node stack) and scripts/cluster.sh (three Kafka
+# nodes, a PostgreSQL primary and its standby). Sourced, not run: the caller sets ROOT,
+# STACK_DIR, KAFKA_HOME (the folder whose lib/ holds the jars), POM and PG_DB, and may set
+# LOG_TAG (the prefix of messages) and PG_DATA_KEY (see pg_data_dir).
+
+log() { printf '[%s] %s\n' "${LOG_TAG:-stack}" "$*" >&2; }
+die() { printf '[%s] error: %s\n' "${LOG_TAG:-stack}" "$*" >&2; exit 1; }
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port_from() {
+  local p=$1 n=${2:-2} i busy
+  while :; do
+    busy=
+    for i in $(seq 0 $((n - 1))); do port_busy "$((p + i))" && busy=1; done
+    [ -z "$busy" ] && break
+    p=$((p + n))
+  done
+  echo "$p"
+}
+pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# stop_pidfile PIDFILE NAME: SIGTERM, up to 30 s to exit, then SIGKILL.
+stop_pidfile() {
+  local pidfile=$1 name=$2 pid i
+  pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+  pid=$(cat "$pidfile")
+  log "stopping $name (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -0 "$pid" 2>/dev/null && { log "$name did not stop in 30 s; killing it"; kill -KILL "$pid" 2>/dev/null || true; }
+  rm -f "$pidfile"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Kafka
+# ---------------------------------------------------------------------------------------------
+
+kafka_version() { sed -n 's#.*<artifactId>kafka_2.13</artifactId><version>\([^<]*\)<.*#\1#p' "$POM"; }
+kafka_pom_hash() { sha256sum "$POM" | cut -c1-16; }
+# kafka_jars_current DIR: DIR holds the jars of the current pom.
+kafka_jars_current() { [ "$(kafka_pom_hash)" = "$(cat "$1/.pom-hash" 2>/dev/null || true)" ]; }
+
+kafka_jars() {
+  kafka_jars_current "$KAFKA_HOME/lib" && return 0
+  command -v mvn >/dev/null || die "mvn is needed to fetch Kafka's jars from Maven Central"
+  log "fetching Apache Kafka $(kafka_version) jars with mvn (cached in ~/.m2 and $KAFKA_HOME/lib)"
+  rm -rf "$KAFKA_HOME/lib.tmp"
+  mvn -B -q -f "$POM" dependency:copy-dependencies \
+    -DoutputDirectory="$KAFKA_HOME/lib.tmp" -DincludeScope=runtime >"$STACK_DIR/mvn.log" 2>&1 ||
+    { tail -30 "$STACK_DIR/mvn.log" >&2; die "mvn could not fetch Kafka's jars"; }
+  kafka_pom_hash >"$KAFKA_HOME/lib.tmp/.pom-hash"
+  rm -rf "$KAFKA_HOME/lib"
+  mv "$KAFKA_HOME/lib.tmp" "$KAFKA_HOME/lib"
+}
+
+kafka_java() {
+  java -cp "$KAFKA_HOME/lib/*" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.properties" \
+    -Dkafka.logs.dir="$KAFKA_HOME/logs" "$@"
+}
+
+kafka_answers() {
+  kafka_java org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "$1" >/dev/null 2>&1
+}
+
+# kafka_format PROPERTIES CLUSTER_ID LOGFILE: format a node's log dirs (once, before its start).
+kafka_format() {
+  kafka_java kafka.tools.StorageTool format -t "$2" -c "$1" >"$3" 2>&1 ||
+    { cat "$3" >&2; die "kafka storage format failed"; }
+}
+
+# kafka_spawn PROPERTIES LOGS PIDFILE HEAP: kafka.Kafka in the background, in a session of its
+# own, its output under LOGS and its pid in PIDFILE.
+kafka_spawn() {
+  setsid nohup java -Xms256m -Xmx"$4" -XX:+UseG1GC -Djava.awt.headless=true \
+    -cp "$KAFKA_HOME/lib/*" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.properties" \
+    -Dkafka.logs.dir="$2" kafka.Kafka "$1" >"$2/stdout.log" 2>&1 </dev/null &
+  echo $! >"$3"
+}
+
+# kafka_wait PIDFILE LOGS CHECK...: until the command CHECK succeeds (90 s at most); fails at
+# once, with the log's tail, if the process exits meanwhile.
+kafka_wait() {
+  local pidfile=$1 logs=$2 i
+  shift 2
+  for i in $(seq 1 90); do
+    if ! pid_alive "$pidfile"; then
+      tail -30 "$logs/stdout.log" "$logs/server.log" >&2 || true
+      die "kafka exited during start-up"
+    fi
+    "$@" && return 0
+    sleep 1
+  done
+  die "kafka did not answer within 90 s (see $logs/server.log)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL
+# ---------------------------------------------------------------------------------------------
+
+pg_bin() {
+  local d
+  for d in /usr/lib/postgresql/15/bin /usr/lib/postgresql/*/bin; do
+    [ -x "$d/initdb" ] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+
+pg_install() {
+  pg_bin >/dev/null && return 0
+  log "installing Debian's PostgreSQL 15 (apt-get)"
+  command -v apt-get >/dev/null || die "no PostgreSQL binaries and no apt-get to install them"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  # postgresql-15 alone: the binaries, without Debian's auto-started "main" cluster.
+  apt-get install -y -qq postgresql-15 postgresql-client-15 >/dev/null || die "apt-get install postgresql-15 failed"
+  pg_bin >/dev/null || die "PostgreSQL installed but initdb not found"
+}
+
+pg_answers() { psql "$1" -XtAc 'select 1' >/dev/null 2>&1; }
+
+as_postgres() {
+  if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
+}
+
+# pg_data_dir [NAME]: the data folder $STACK_DIR/NAME (default pg), unless the postgres user
+# cannot reach it (a clone under /root), in which case it lives under /var/lib/effectively
+# (in a folder named after PG_DATA_KEY, default the checkout) and $STACK_DIR/NAME points there.
+pg_data_dir() {
+  local name=${1:-pg}
+  local link=$STACK_DIR/$name
+  if [ -L "$link" ]; then readlink "$link"; return 0; fi
+  if [ -d "$link" ]; then echo "$link"; return 0; fi
+  mkdir -p "$link"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$link"
+  if as_postgres test -w "$link"; then echo "$link"; return 0; fi
+  rmdir "$link"
+  local real
+  real=/var/lib/effectively/$(printf '%s' "${PG_DATA_KEY:-$ROOT}" | sha256sum | cut -c1-12)/$name
+  mkdir -p "$real"
+  chown postgres:postgres "$real" "$(dirname "$real")"
+  ln -s "$real" "$link"
+  echo "$real"
+}
+
+# pg_initdb DATA LOGFILE: a new cluster in DATA (nothing if it has one), trust auth on loopback.
+pg_initdb() {
+  [ -f "$1/PG_VERSION" ] && return 0
+  log "initdb into $1"
+  [ "$(id -u)" = 0 ] && chown postgres:postgres "$1"
+  as_postgres "$(pg_bin)/initdb" -D "$1" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 \
+    >"$2" 2>&1 || { cat "$2" >&2; die "initdb failed"; }
+}
+
+# pg_start DATA PORT [OPTIONS]: postgres on 127.0.0.1:PORT only (no Unix socket), its log in
+# DATA/server.log. fsync and synchronous_commit stay on: we sell durability, and measure with it.
+pg_start() {
+  as_postgres "$(pg_bin)/pg_ctl" -D "$1" -l "$1/server.log" -w -t 60 start -o \
+    "-p $2 -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=300 \
+     -c shared_buffers=256MB -c max_wal_size=2GB -c fsync=on -c synchronous_commit=on ${3:-}" \
+    >/dev/null || { tail -30 "$1/server.log" >&2; die "postgresql did not start"; }
+}
+
+# pg_create_db PORT: the database PG_DB, unless it exists.
+pg_create_db() {
+  local admin="postgres://postgres@127.0.0.1:$1/postgres"
+  if ! psql "$admin" -XtAc "select 1 from pg_database where datname = '$PG_DB'" | grep -q 1; then
+    psql "$admin" -Xqc "create database $PG_DB" >/dev/null
+  fi
+}
