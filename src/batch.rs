@@ -156,6 +156,10 @@ impl Record {
 pub struct Batch {
     pub records: Vec<Record>,
     pub bytes: usize,
+    /// Where the partition's stored offset stands before this batch: the worker's claim or its
+    /// last commit. The batch's first transaction moves the offset from there, and is refused
+    /// if PostgreSQL holds something else (see [`crate::store::offsets`]).
+    pub stored: Option<i64>,
 }
 
 impl Batch {

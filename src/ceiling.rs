@@ -125,11 +125,17 @@ pub async fn run(
         let recs = records(&run, p, per_partition);
         let mut batches = Vec::new();
         let mut it = recs.into_iter().peekable();
+        // Each batch moves the fenced offset from where the one before left it.
+        let mut stored = claim.next_offset;
         while it.peek().is_some() {
-            let mut b = Batch::default();
+            let mut b = Batch {
+                stored,
+                ..Batch::default()
+            };
             for r in it.by_ref().take(batch) {
                 b.push(r);
             }
+            stored = b.next_offset();
             batches.push(b);
         }
         work.push((ctx, batches));

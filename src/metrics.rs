@@ -26,6 +26,8 @@ pub const DUPLICATES_SKIPPED: &str = "effectively_duplicates_skipped_total";
 pub const PARKED: &str = "effectively_parked_total";
 pub const TRANSIENT_RETRIES: &str = "effectively_transient_retries_total";
 pub const FENCED: &str = "effectively_fenced_transactions_total";
+pub const OFFSET_STORE_WENT_BACK: &str = "effectively_offset_store_went_back_total";
+pub const OFFSET_STORE_REWOUND: &str = "effectively_offset_store_rewound_records_total";
 pub const REBALANCES: &str = "effectively_rebalances_total";
 pub const PARTITIONS_ASSIGNED: &str = "effectively_partitions_assigned_total";
 pub const PARTITIONS_REVOKED: &str = "effectively_partitions_revoked_total";
@@ -70,6 +72,8 @@ pub const ALL: &[&str] = &[
     PARKED,
     TRANSIENT_RETRIES,
     FENCED,
+    OFFSET_STORE_WENT_BACK,
+    OFFSET_STORE_REWOUND,
     REBALANCES,
     PARTITIONS_ASSIGNED,
     PARTITIONS_REVOKED,
@@ -198,6 +202,17 @@ fn describe() {
         FENCED,
         Unit::Count,
         "Transactions rolled back by the epoch fence: this worker was a zombie for the partition."
+    );
+    describe_counter!(
+        OFFSET_STORE_WENT_BACK,
+        Unit::Count,
+        "Batches refused because PostgreSQL no longer held the partition's last committed offset \
+         (a failover that lost commits, a restore); the partition was read again from the offset it holds."
+    );
+    describe_counter!(
+        OFFSET_STORE_REWOUND,
+        Unit::Count,
+        "Kafka offsets the stored offset went back by (records read and applied again)."
     );
     describe_counter!(
         REBALANCES,
@@ -373,6 +388,8 @@ impl PartitionMetrics {
             .increment(0);
         }
         counter!(FENCED, &labels).increment(0);
+        counter!(OFFSET_STORE_WENT_BACK, &labels).increment(0);
+        counter!(OFFSET_STORE_REWOUND, &labels).increment(0);
         PartitionMetrics {
             received: counter!(RECORDS_RECEIVED, &labels),
             below_stored: counter!(DUPLICATES_SKIPPED, "consumer" => consumer.to_string(),
@@ -446,6 +463,26 @@ pub fn fenced(consumer: &str, topic: &str, partition: i32) {
     counter!(FENCED, "consumer" => consumer.to_string(), "topic" => topic.to_string(),
         "partition" => partition.to_string())
     .increment(1);
+}
+
+/// The offset store went back from `from` (this worker's last commit) to `stored`.
+pub fn offset_store_went_back(
+    consumer: &str,
+    topic: &str,
+    partition: i32,
+    from: Option<i64>,
+    stored: Option<i64>,
+) {
+    let labels = [
+        ("consumer", consumer.to_string()),
+        ("topic", topic.to_string()),
+        ("partition", partition.to_string()),
+    ];
+    counter!(OFFSET_STORE_WENT_BACK, &labels).increment(1);
+    if let Some(from) = from {
+        let back = from - stored.unwrap_or(0);
+        counter!(OFFSET_STORE_REWOUND, &labels).increment(back.max(0) as u64);
+    }
 }
 
 pub fn partitions_assigned(consumer: &str, n: usize, now_assigned: usize) {

@@ -23,6 +23,8 @@ pub struct Stats {
     pub commits: AtomicU64,
     pub batches: AtomicU64,
     pub fenced: AtomicU64,
+    /// Batches refused because the offset store went back (see `store::offsets`).
+    pub went_back: AtomicU64,
     pub rebalances: AtomicU64,
     /// Where PostgreSQL has each (topic, partition) this worker holds.
     committed: Mutex<BTreeMap<(String, i32), i64>>,
@@ -43,6 +45,7 @@ pub struct Snapshot {
     pub commits: u64,
     pub batches: u64,
     pub fenced: u64,
+    pub went_back: u64,
     pub rebalances: u64,
 }
 
@@ -74,6 +77,10 @@ impl Stats {
 
     pub fn fenced(&self) {
         self.fenced.fetch_add(1, Relaxed);
+    }
+
+    pub fn went_back(&self) {
+        self.went_back.fetch_add(1, Relaxed);
     }
 
     pub fn rebalance(&self) {
@@ -117,6 +124,7 @@ impl Stats {
             commits: self.commits.load(Relaxed),
             batches: self.batches.load(Relaxed),
             fenced: self.fenced.load(Relaxed),
+            went_back: self.went_back.load(Relaxed),
             rebalances: self.rebalances.load(Relaxed),
         }
     }

@@ -336,8 +336,12 @@ impl Sut {
         (ctx, claim)
     }
 
-    fn batch(&self, records: &[Logged]) -> Batch {
-        let mut b = Batch::default();
+    /// A batch of `records` for a worker that last saw the partition's offset at `stored`.
+    fn batch(&self, records: &[Logged], stored: Option<i64>) -> Batch {
+        let mut b = Batch {
+            stored,
+            ..Batch::default()
+        };
         for l in records {
             let raw = l.raw.clone();
             let decoded = raw.with_view(|v: &RawRecord<'_>| self.decoder.decode(v));
@@ -515,7 +519,8 @@ async fn apply(sut: &mut Sut, model: &mut Model, op: &Op, stats: &Stats) -> Resu
             let cb = sut.recorder(*p);
             let out = deadline(
                 "deliver",
-                sut.strat.process(&sut.owners[*p], sut.batch(&records), &cb),
+                sut.strat
+                    .process(&sut.owners[*p], sut.batch(&records, model.stored[*p]), &cb),
             )
             .await?
             .map_err(|e| format!("the owner's batch failed: {e}"))?;
@@ -530,7 +535,10 @@ async fn apply(sut: &mut Sut, model: &mut Model, op: &Op, stats: &Stats) -> Resu
             let r1 = model.next_batch(1, max[1]);
             let before = model.applied();
             let (cb0, cb1) = (sut.recorder(0), sut.recorder(1));
-            let (b0, b1) = (sut.batch(&r0), sut.batch(&r1));
+            let (b0, b1) = (
+                sut.batch(&r0, model.stored[0]),
+                sut.batch(&r1, model.stored[1]),
+            );
             let (ctx0, ctx1) = (&sut.owners[0], &sut.owners[1]);
             let strat = &sut.strat;
             let (o0, o1) = deadline(
@@ -585,7 +593,8 @@ async fn apply(sut: &mut Sut, model: &mut Model, op: &Op, stats: &Stats) -> Resu
                 "crashing batch",
                 crash_after(
                     *polls,
-                    sut.strat.process(&sut.owners[*p], sut.batch(&records), &cb),
+                    sut.strat
+                        .process(&sut.owners[*p], sut.batch(&records, model.stored[*p]), &cb),
                 ),
             )
             .await?;
@@ -626,7 +635,7 @@ async fn apply(sut: &mut Sut, model: &mut Model, op: &Op, stats: &Stats) -> Resu
             let task = {
                 let strat = Arc::clone(&sut.strat);
                 let ctx = sut.owners[*p].clone();
-                let batch = sut.batch(&records);
+                let batch = sut.batch(&records, before_offset);
                 let cb = sut.recorder(*p);
                 tokio::spawn(async move {
                     if batch.is_empty() {
@@ -695,7 +704,8 @@ async fn apply(sut: &mut Sut, model: &mut Model, op: &Op, stats: &Stats) -> Resu
             };
             let result = deadline(
                 "zombie batch",
-                sut.strat.process(&zombie, sut.batch(&records), &cb),
+                sut.strat
+                    .process(&zombie, sut.batch(&records, model.stored[*p]), &cb),
             )
             .await?;
             check!(

@@ -20,6 +20,8 @@
 //! - A partition task that was fenced is claimed again a few seconds later if the group still
 //!   assigns the partition here ([`FENCED_RECLAIM_AFTER`]); with the cooperative protocol no
 //!   rebalance would otherwise restart it.
+//! - A partition task whose batch found the offset store gone back (PostgreSQL lost its last
+//!   commits) is claimed again at once, and its new task seeks to the offset the claim reads.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
@@ -352,24 +354,27 @@ impl Source {
                             let _ = reclaim.send(tp);
                         });
                     }
+                    Exit::WentBack => {
+                        // At once: the partition is still ours, only PostgreSQL forgot our last
+                        // commits. The task has returned (its exit is sent last); the new claim
+                        // reads where PostgreSQL stands and the new task seeks there.
+                        if let Some(mut old) = running.remove(&tp) {
+                            let _ = (&mut old.handle).await;
+                        }
+                        if assigned(&consumer, &tp) {
+                            self.reclaim(&consumer, &decoder, &tp, &exit_tx, &shutdown, &mut running).await;
+                        }
+                    }
                     Exit::Stopped => {}
                 },
                 Some(tp) = reclaims.recv() => {
                     // Only if its task is still the fenced one (no rebalance restarted it since)
                     // and Kafka still has the partition with us.
                     let fenced = running.get(&tp).is_some_and(|r| r.handle.is_finished());
-                    let assigned = consumer.assignment().is_ok_and(|a| {
-                        a.find_partition(&tp.0, tp.1).is_some()
-                    });
-                    if fenced && assigned {
+                    if fenced && assigned(&consumer, &tp) {
                         tracing::warn!(consumer = %self.config.name, topic = %tp.0, partition = tp.1,
                             "the group still assigns a fenced partition to this worker: claiming it again");
-                        for (tp, claim) in self.claim_all(std::slice::from_ref(&tp), &shutdown).await {
-                            running.remove(&tp);
-                            if let Some(r) = self.start_partition(&consumer, &decoder, &tp, claim, &exit_tx) {
-                                running.insert(tp, r);
-                            }
-                        }
+                        self.reclaim(&consumer, &decoder, &tp, &exit_tx, &shutdown, &mut running).await;
                     }
                 }
                 Some(event) = events.recv() => match event {
@@ -441,6 +446,24 @@ impl Source {
                 reason,
             }),
             None => Ok(()),
+        }
+    }
+
+    /// Claims one partition again and restarts its task from the offset the claim reads.
+    async fn reclaim(
+        &self,
+        consumer: &Arc<StreamConsumer<RebalanceContext>>,
+        decoder: &Arc<Decoder>,
+        tp: &TopicPartition,
+        exits: &mpsc::UnboundedSender<(TopicPartition, Exit)>,
+        shutdown: &CancellationToken,
+        running: &mut HashMap<TopicPartition, Running>,
+    ) {
+        for (tp, claim) in self.claim_all(std::slice::from_ref(tp), shutdown).await {
+            running.remove(&tp);
+            if let Some(r) = self.start_partition(consumer, decoder, &tp, claim, exits) {
+                running.insert(tp, r);
+            }
         }
     }
 
@@ -533,16 +556,18 @@ impl Source {
         let key = tp.clone();
         let handle = tokio::spawn(async move {
             let exit = task.run().await;
-            let report = match &exit {
-                Exit::Fatal(r) => Exit::Fatal(r.clone()),
-                Exit::Fenced => Exit::Fenced,
-                Exit::Stopped => Exit::Stopped,
-            };
-            let _ = exits.send((key, report));
+            let _ = exits.send((key, exit.clone()));
             exit
         });
         Some(Running { cancel, handle })
     }
+}
+
+/// Whether Kafka assigns `tp` to this worker now.
+fn assigned(consumer: &StreamConsumer<RebalanceContext>, tp: &TopicPartition) -> bool {
+    consumer
+        .assignment()
+        .is_ok_and(|a| a.find_partition(&tp.0, tp.1).is_some())
 }
 
 /// Cancels the tasks and waits for them up to `deadline`; aborts what is still running then.

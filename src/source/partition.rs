@@ -43,12 +43,15 @@ pub struct PartitionTask {
 }
 
 /// How a partition task ended.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Exit {
     /// Revoked or stopping: whatever was committed is in PostgreSQL.
     Stopped,
     /// Another worker owns the partition now; this one rolled back.
     Fenced,
+    /// PostgreSQL went back past this worker's commits (a failover that lost them, a restore):
+    /// the partition must be claimed again and read from the offset it holds now.
+    WentBack,
     /// The handler or schema cannot work: the worker must stop.
     Fatal(String),
 }
@@ -57,13 +60,14 @@ impl PartitionTask {
     pub async fn run(mut self) -> Exit {
         let cancel = self.ctx.cancel.clone();
         loop {
-            let batch = match self.next_batch(&cancel).await {
+            let mut batch = match self.next_batch(&cancel).await {
                 Some(b) => b,
                 None => return Exit::Stopped,
             };
             if batch.is_empty() {
                 continue;
             }
+            batch.stored = self.next_offset;
             let committed = |next: i64| {
                 self.stats
                     .committed_offset(&self.ctx.topic, self.ctx.partition, next);
@@ -90,6 +94,23 @@ impl PartitionTask {
                         partition = self.ctx.partition, epoch = self.ctx.epoch,
                         "fenced: another worker claimed this partition; batch rolled back");
                     return Exit::Fenced;
+                }
+                Err(BatchError::WentBack { from, stored }) => {
+                    self.stats.went_back();
+                    metrics::offset_store_went_back(
+                        &self.ctx.consumer,
+                        &self.ctx.topic,
+                        self.ctx.partition,
+                        from,
+                        stored,
+                    );
+                    tracing::error!(consumer = %self.ctx.consumer, topic = %self.ctx.topic,
+                        partition = self.ctx.partition, epoch = self.ctx.epoch,
+                        committed = ?from, stored = ?stored,
+                        "PostgreSQL no longer holds this partition's last commits (a failover to a \
+                         standby that lacked them, or a restore): batch refused; claiming the \
+                         partition again and reading it from the stored offset");
+                    return Exit::WentBack;
                 }
                 Err(BatchError::Fatal(t)) => return Exit::Fatal(t),
             }

@@ -3,10 +3,20 @@
 //!
 //! A worker that is assigned a partition *claims* it: the epoch goes up by one and the worker
 //! remembers the new value. Every batch transaction then starts by advancing the offset
-//! `WHERE epoch = <mine>`. If another worker claimed the partition since, that update matches 0
-//! rows and the batch rolls back whole (the worker is a zombie). Because the claim and the
-//! advance update the same row, they serialise on its row lock: a claim that arrives while a
-//! batch is committing waits for it and then reads the offset that batch stored.
+//! `WHERE epoch = <mine> AND next_offset = <where this worker last left it>`. If another worker
+//! claimed the partition since, that update matches 0 rows and the batch rolls back whole (the
+//! worker is a zombie). Because the claim and the advance update the same row, they serialise
+//! on its row lock: a claim that arrives while a batch is committing waits for it and then
+//! reads the offset that batch stored.
+//!
+//! The second condition catches a store that went back: a PostgreSQL failover to a standby that
+//! lacked the last commits, or a restore to an earlier point. The claim row survives such a
+//! rollback (it is older than the lost commits), so the epoch alone still matches, and an
+//! advance from the worker's in-memory position would jump the stored offset over the records
+//! whose effects were lost with those commits. With the offset the batch starts from in the
+//! condition, the batch is refused instead, [`why_refused`] tells which case it was, and the
+//! partition is claimed again and read from the offset PostgreSQL really holds: the lost records
+//! come back from Kafka and are applied once.
 
 use deadpool_postgres::Transaction;
 use tokio_postgres::GenericClient;
@@ -21,8 +31,13 @@ SET epoch = consumer_offsets.epoch + 1, owner = EXCLUDED.owner, updated_at = now
 RETURNING epoch, next_offset";
 
 const ADVANCE: &str = "\
-UPDATE consumer_offsets SET next_offset = $5, updated_at = now()
-WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4";
+UPDATE consumer_offsets SET next_offset = $6, updated_at = now()
+WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4
+  AND next_offset IS NOT DISTINCT FROM $5";
+
+const READ: &str = "\
+SELECT epoch, next_offset FROM consumer_offsets
+WHERE consumer = $1 AND topic = $2 AND partition = $3";
 
 const LOAD: &str = "\
 SELECT partition, next_offset, epoch, owner FROM consumer_offsets
@@ -53,24 +68,83 @@ pub async fn claim<C: GenericClient + Sync>(
     })
 }
 
-/// Stores `next_offset` as the partition's resume point if this worker still holds `epoch`.
-/// Returns `false` when it does not: the caller is a zombie and must roll back.
+/// One fenced move of a partition's offset: from where this worker left it to just past the
+/// transaction's last record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Move {
+    pub epoch: i64,
+    /// The stored offset this worker last read (its claim) or wrote (its last commit); `None`
+    /// when nothing was ever stored for the partition.
+    pub from: Option<i64>,
+    pub to: i64,
+}
+
+/// Stores `mv.to` as the partition's resume point if this worker still holds `mv.epoch` and
+/// the row still says `mv.from`. Returns `false` when not: the caller must roll back and ask
+/// [`why_refused`] why.
 pub async fn advance(
     tx: &Transaction<'_>,
     consumer: &str,
     topic: &str,
     partition: i32,
-    epoch: i64,
-    next_offset: i64,
+    mv: Move,
 ) -> Result<bool, StoreError> {
     let stmt = tx.prepare_cached(ADVANCE).await?;
     let n = tx
         .execute(
             &stmt,
-            &[&consumer, &topic, &partition, &epoch, &next_offset],
+            &[&consumer, &topic, &partition, &mv.epoch, &mv.from, &mv.to],
         )
         .await?;
     Ok(n == 1)
+}
+
+/// Why an [`advance`] matched no row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Another worker claimed the partition since (a higher epoch): this one is a zombie.
+    Fenced { epoch: i64 },
+    /// The row already holds the move's target under this worker's epoch: an earlier attempt of
+    /// the same transaction committed, and only its answer was lost (the connection dropped
+    /// during `COMMIT`). Nothing is left to do for these records.
+    Committed,
+    /// The store no longer holds what this worker committed: PostgreSQL went back (a failover
+    /// to a standby that lacked the last commits, a restore), or someone rewrote the row.
+    /// `stored` is where it stands now (`None`: no offset, or no row at all).
+    WentBack {
+        stored: Option<i64>,
+        /// The epoch the row holds now; `None` when the row itself is gone.
+        epoch: Option<i64>,
+    },
+}
+
+/// Reads the row an [`advance`] did not match, outside the refused transaction (which the
+/// caller rolls back), and classifies the refusal.
+pub async fn why_refused<C: GenericClient + Sync>(
+    client: &C,
+    consumer: &str,
+    topic: &str,
+    partition: i32,
+    mv: Move,
+) -> Result<Refusal, StoreError> {
+    let row = client
+        .query_opt(READ, &[&consumer, &topic, &partition])
+        .await?;
+    let (epoch, stored) = match &row {
+        Some(r) => (Some(r.get::<_, i64>(0)), r.get::<_, Option<i64>>(1)),
+        None => (None, None),
+    };
+    Ok(classify(mv, epoch, stored))
+}
+
+fn classify(mv: Move, epoch: Option<i64>, stored: Option<i64>) -> Refusal {
+    match epoch {
+        Some(e) if e > mv.epoch => Refusal::Fenced { epoch: e },
+        Some(e) if e == mv.epoch && stored == Some(mv.to) => Refusal::Committed,
+        // The same epoch at another offset, a lower epoch (the claim itself was lost), or no
+        // row: the store is not where this worker left it.
+        _ => Refusal::WentBack { stored, epoch },
+    }
 }
 
 /// One stored offset row, for status output and tests.
@@ -98,4 +172,60 @@ pub async fn load<C: GenericClient + Sync>(
             owner: r.get(3),
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MV: Move = Move {
+        epoch: 7,
+        from: Some(100),
+        to: 150,
+    };
+
+    #[test]
+    fn a_higher_epoch_is_a_zombie_whatever_the_offset() {
+        assert_eq!(
+            classify(MV, Some(8), Some(100)),
+            Refusal::Fenced { epoch: 8 }
+        );
+        assert_eq!(
+            classify(MV, Some(9), Some(40)),
+            Refusal::Fenced { epoch: 9 }
+        );
+    }
+
+    #[test]
+    fn the_target_under_my_epoch_is_a_commit_whose_answer_was_lost() {
+        assert_eq!(classify(MV, Some(7), Some(150)), Refusal::Committed);
+    }
+
+    #[test]
+    fn anything_else_is_a_store_that_went_back() {
+        // Rolled back past this worker's last commits, the claim kept.
+        assert_eq!(
+            classify(MV, Some(7), Some(60)),
+            Refusal::WentBack {
+                stored: Some(60),
+                epoch: Some(7)
+            }
+        );
+        // Rolled back past the claim too: a lower epoch.
+        assert_eq!(
+            classify(MV, Some(5), Some(60)),
+            Refusal::WentBack {
+                stored: Some(60),
+                epoch: Some(5)
+            }
+        );
+        // Rolled back past the partition's first claim: no row at all.
+        assert_eq!(
+            classify(MV, None, None),
+            Refusal::WentBack {
+                stored: None,
+                epoch: None
+            }
+        );
+    }
 }

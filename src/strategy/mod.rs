@@ -119,6 +119,14 @@ pub enum BatchError {
     /// The partition was revoked or the worker is stopping.
     #[error("cancelled")]
     Cancelled,
+    /// PostgreSQL no longer holds the offset this worker committed last (`from`): it went back
+    /// (a failover that lost commits, a restore) and now says `stored`. Nothing of the batch
+    /// committed; the partition must be claimed again and read from `stored`.
+    #[error("the stored offset went back from {from:?} to {stored:?}")]
+    WentBack {
+        from: Option<i64>,
+        stored: Option<i64>,
+    },
     /// The handler or the schema cannot work; the worker stops.
     #[error("fatal: {0}")]
     Fatal(String),
@@ -146,7 +154,8 @@ pub trait Strategy: Send + Sync + 'static {
 /// How one transaction attempt failed.
 #[derive(Debug)]
 pub(crate) enum AttemptError {
-    Fenced,
+    /// The fenced offset move matched no row, for this reason.
+    Refused(crate::store::offsets::Refusal),
     /// The database could not do it now: retry without limit.
     Unavailable(String),
     /// The handler asked for a retry: counted against the batch.

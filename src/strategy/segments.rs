@@ -33,7 +33,8 @@ use super::{wait, AttemptError, BatchError, Committed, Outcome, PartitionCtx};
 use crate::batch::{Batch, Raw};
 use crate::envelope::{Envelope, Reason, Rejection};
 use crate::prefilter::{Key, Prefilter};
-use crate::store::{dead_letters, offsets};
+use crate::store::dead_letters;
+use crate::store::offsets::{self, Refusal};
 
 /// What a body did with a segment's candidates.
 #[derive(Debug, Default)]
@@ -107,14 +108,26 @@ pub(crate) async fn drive(
         })
         .rev()
         .collect();
+    // Where the stored offset stands: each committed segment moves it on.
+    let mut from = batch.stored;
     while let Some(seg) = todo.pop() {
         let mut attempts = 0u32;
         let mut unavailable = 0u32;
+        // Committed (or split in two, each half its own segment).
+        let mut done = false;
+        let mv = offsets::Move {
+            epoch: ctx.epoch,
+            from,
+            to: batch.records[seg.range.end - 1].raw.offset + 1,
+        };
         loop {
             match attempt(
                 ctx,
                 batch,
-                &seg.range,
+                Step {
+                    range: &seg.range,
+                    mv,
+                },
                 &rejected,
                 shape,
                 body,
@@ -125,10 +138,25 @@ pub(crate) async fn drive(
                 Ok(o) => {
                     out.add(o);
                     out.commits += 1;
-                    committed(batch.records[seg.range.end - 1].raw.offset + 1);
+                    committed(mv.to);
+                    done = true;
                     break;
                 }
-                Err(AttemptError::Fenced) => return Err(BatchError::Fenced),
+                Err(AttemptError::Refused(Refusal::Committed)) => {
+                    // An earlier attempt committed; its answer was lost with its connection.
+                    tracing::info!(consumer = %ctx.consumer, topic = %ctx.topic, partition = ctx.partition,
+                        next_offset = mv.to, "an attempt whose answer was lost had committed; moving on");
+                    out.records += seg.range.len() as u64;
+                    committed(mv.to);
+                    done = true;
+                    break;
+                }
+                Err(AttemptError::Refused(Refusal::Fenced { .. })) => {
+                    return Err(BatchError::Fenced)
+                }
+                Err(AttemptError::Refused(Refusal::WentBack { stored, .. })) => {
+                    return Err(BatchError::WentBack { from, stored })
+                }
                 Err(AttemptError::Fatal(t)) => return Err(BatchError::Fatal(t)),
                 Err(AttemptError::Unavailable(t)) => {
                     unavailable += 1;
@@ -209,6 +237,9 @@ pub(crate) async fn drive(
                 }
             }
         }
+        if done {
+            from = Some(mv.to);
+        }
     }
     Ok(out)
 }
@@ -256,18 +287,24 @@ fn cut(n: usize, len: usize, is_hit: impl Fn(usize) -> bool) -> Vec<Range<usize>
     out
 }
 
+/// What one transaction covers: its records (by index in the batch), and the offset move that
+/// fences it.
+struct Step<'a> {
+    range: &'a Range<usize>,
+    mv: offsets::Move,
+}
+
 /// One transaction over one segment.
 async fn attempt(
     ctx: &PartitionCtx,
     batch: &Batch,
-    range: &Range<usize>,
+    Step { range, mv }: Step<'_>,
     rejected: &HashMap<usize, (Rejection, i32)>,
     shape: &Shape,
     body: &dyn Body,
     filter: Option<&Filter<'_>>,
 ) -> Result<Outcome, AttemptError> {
     let records = &batch.records[range.clone()];
-    let next_offset = records[records.len() - 1].raw.offset + 1;
     let mut parked = Vec::new();
     let mut parked_reasons = Vec::new();
     let mut candidates: Vec<&Envelope> = Vec::new();
@@ -305,18 +342,15 @@ async fn attempt(
         .ensure(&**conn, candidates.iter().map(|e| e.event_date))
         .await?;
     let tx = conn.transaction().await?;
-    let fence = || {
-        offsets::advance(
-            &tx,
-            &ctx.consumer,
-            &ctx.topic,
-            ctx.partition,
-            ctx.epoch,
-            next_offset,
-        )
+    let fence = || async {
+        if offsets::advance(&tx, &ctx.consumer, &ctx.topic, ctx.partition, mv).await? {
+            return Ok(());
+        }
+        let why = offsets::why_refused(&*tx, &ctx.consumer, &ctx.topic, ctx.partition, mv);
+        Err(AttemptError::Refused(why.await?))
     };
-    if shape.fence_first && !fence().await? {
-        return Err(AttemptError::Fenced);
+    if shape.fence_first {
+        fence().await?;
     }
     let fenced_at = Instant::now();
     dead_letters::park(&tx, &ctx.consumer, &parked).await?;
@@ -335,8 +369,8 @@ async fn attempt(
             Err(e) => return Err(e),
         }
     };
-    if !shape.fence_first && !fence().await? {
-        return Err(AttemptError::Fenced);
+    if !shape.fence_first {
+        fence().await?;
     }
     // Chaos: the process dies with the transaction complete but not committed.
     fail::fail_point!("before_commit", |_| std::process::abort());
