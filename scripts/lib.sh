@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Helpers shared by scripts/stack.sh (the single-node stack) and scripts/cluster.sh (three Kafka
 # nodes, a PostgreSQL primary and its standby). Sourced, not run: the caller sets ROOT,
 # STACK_DIR, KAFKA_HOME (the folder whose lib/ holds the jars), POM and PG_DB, and may set
@@ -49,7 +50,7 @@ kafka_jars() {
     -DoutputDirectory="$KAFKA_HOME/lib.tmp" -DincludeScope=runtime >"$STACK_DIR/mvn.log" 2>&1 ||
     { tail -30 "$STACK_DIR/mvn.log" >&2; die "mvn could not fetch Kafka's jars"; }
   kafka_pom_hash >"$KAFKA_HOME/lib.tmp/.pom-hash"
-  rm -rf "$KAFKA_HOME/lib"
+  rm -rf "${KAFKA_HOME:?}/lib"
   mv "$KAFKA_HOME/lib.tmp" "$KAFKA_HOME/lib"
 }
 

@@ -15,12 +15,15 @@
 #   scripts/stack.sh redis-down | redis-crash (SIGKILL) | redis-install (prints the binary's path)
 #   scripts/stack.sh kafka CLASS ARGS...   run a Kafka tool, e.g.
 #        scripts/stack.sh kafka org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list
+#   STACK_TOPOLOGY=cluster scripts/stack.sh CMD   the cluster stack instead: three Kafka nodes, a
+#        PostgreSQL primary and standby, under .stack-cluster/ (scripts/cluster.sh, its commands)
 #
 # Existing services: if KAFKA_BROKERS or DATABASE_URL is set and answers, it is used and nothing
 # is started for it.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ "${STACK_TOPOLOGY:-single}" = cluster ]; then exec "$ROOT/scripts/cluster.sh" "$@"; fi
 STACK_DIR=${STACK_DIR:-$ROOT/.stack}
 KAFKA_HOME=$STACK_DIR/kafka
 POM=$ROOT/scripts/kafka/pom.xml
@@ -331,7 +334,7 @@ case "${1:-}" in
     kafka_java "$@"
     ;;
   *)
-    sed -n '2,20p' "$0" >&2
+    sed -n '2,22p' "$0" >&2
     exit 2
     ;;
 esac
