@@ -353,31 +353,48 @@ fn sample_offsets(
             Err(_) => return,
         };
         while stop.load(Relaxed) == 0 {
-            let mut tpl = TopicPartitionList::new();
-            for p in 0..partitions {
-                tpl.add_partition(&name, p);
-            }
-            let o = Arc::clone(&observer);
-            let committed = tokio::task::spawn_blocking(move || {
-                o.committed_offsets(tpl, Duration::from_secs(3))
-            })
-            .await;
-            if let (Ok(Ok(committed)), Ok(rows)) = (
-                committed,
-                db.query("SELECT partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $1", &[&name]).await,
-            ) {
-                let stored: HashMap<i32, i64> = rows.iter().filter_map(|r| r.get::<_, Option<i64>>(1).map(|o| (r.get(0), o))).collect();
-                for e in committed.elements() {
-                    if let Offset::Offset(k) = e.offset() {
-                        if k > stored.get(&e.partition()).copied().unwrap_or(0) {
-                            ahead.fetch_add(1, Relaxed);
-                        }
-                    }
-                }
+            if let Some(n) = partitions_ahead(&observer, &db, &name, partitions).await {
+                ahead.fetch_add(n, Relaxed);
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }))
+}
+
+/// One sample: on how many partitions of consumer (and group, and topic) `name` Kafka's
+/// committed offset is ahead of the offset stored in PostgreSQL (None: either did not answer).
+pub(crate) async fn partitions_ahead(
+    observer: &Arc<BaseConsumer>,
+    db: &tokio_postgres::Client,
+    name: &str,
+    partitions: i32,
+) -> Option<u64> {
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(name, p);
+    }
+    let o = Arc::clone(observer);
+    let committed =
+        tokio::task::spawn_blocking(move || o.committed_offsets(tpl, Duration::from_secs(3))).await;
+    let (Ok(Ok(committed)), Ok(rows)) = (
+        committed,
+        db.query("SELECT partition, next_offset FROM consumer_offsets WHERE consumer = $1 AND topic = $1", &[&name]).await,
+    ) else {
+        return None;
+    };
+    let stored: HashMap<i32, i64> = rows
+        .iter()
+        .filter_map(|r| r.get::<_, Option<i64>>(1).map(|o| (r.get(0), o)))
+        .collect();
+    let ahead = committed
+        .elements()
+        .iter()
+        .filter(|e| match e.offset() {
+            Offset::Offset(k) => k > stored.get(&e.partition()).copied().unwrap_or(0),
+            _ => false,
+        })
+        .count();
+    Some(ahead as u64)
 }
 
 /// Makes sure `scripts/stack.sh` (with the `STACK_DIR` this process inherited) manages the
@@ -430,16 +447,34 @@ pub(crate) fn worker_settings(pool_size: usize) -> String {
 
 /// The worker config of a scenario: `processors` only matters under `--strategy inbox`.
 fn worker_config(args: &ChaosArgs, topic: &str, pool_size: usize, processors: usize) -> String {
+    consumer_config(
+        topic,
+        pool_size,
+        processors,
+        args.strategy,
+        args.inbox_claim,
+    )
+}
+
+/// A worker config with one cashback consumer named `topic` reading `topic`, of `strategy`
+/// (`processors` and `claim` only matter for the inbox).
+pub(crate) fn consumer_config(
+    topic: &str,
+    pool_size: usize,
+    processors: usize,
+    strategy: StrategyArg,
+    claim: ClaimArg,
+) -> String {
     let mut text = worker_settings(pool_size);
     text.push_str(&format!(
         "[[consumer]]\nname = \"{topic}\"\ntopics = [\"{topic}\"]\nhandler = {{ kind = \"cashback\" }}\n\
          batch = {{ max_messages = 200 }}\nretry = {{ initial_backoff = \"50ms\", max_backoff = \"1s\" }}\n"
     ));
-    if args.inbox() {
+    if strategy == StrategyArg::Inbox {
         text.push_str(&format!(
             "strategy = \"inbox\"\n[consumer.inbox]\nprocessors = {processors}\n"
         ));
-        if args.inbox_claim == ClaimArg::Lease {
+        if claim == ClaimArg::Lease {
             // Short enough that a killed or stopped processor's rows come back within the
             // drain timeout; far longer than a round of the cashback handler.
             text.push_str("claim = \"lease\"\nlease = \"10s\"\n");
@@ -945,10 +980,10 @@ impl Blocker {
 }
 
 /// A connection for a scenario's own checks of the inbox.
-struct Db(tokio_postgres::Client);
+pub(crate) struct Db(tokio_postgres::Client);
 
 impl Db {
-    async fn connect(url: &str) -> anyhow::Result<Db> {
+    pub(crate) async fn connect(url: &str) -> anyhow::Result<Db> {
         let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
         tokio::spawn(conn);
         Ok(Db(db))
@@ -977,7 +1012,7 @@ impl Db {
     }
 
     /// Parked rows (the verifier counts them with the dead letters).
-    async fn failed(&self, consumer: &str) -> anyhow::Result<u64> {
+    pub(crate) async fn failed(&self, consumer: &str) -> anyhow::Result<u64> {
         self.count(consumer, &["FAILED"]).await
     }
 }

@@ -8,6 +8,7 @@
 
 mod bench;
 mod chaos;
+mod cluster;
 mod gaps;
 mod orders;
 mod outbox;
@@ -134,6 +135,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// `make chaos`: fault-injection scenarios, each verified exactly-once.
     Chaos(chaos::ChaosArgs),
+    /// Failover scenarios against the three-broker Kafka and the PostgreSQL primary with a
+    /// standby of `scripts/cluster.sh`, each verified exactly-once, with recovery times.
+    ChaosCluster(cluster::ClusterArgs),
     /// An order-status stream with out-of-order versions, stale copies and duplicates into
     /// an `order-status` consumer: every order must end at its newest version, never going back.
     Orders(orders::OrdersArgs),
@@ -149,6 +153,7 @@ async fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Some(Command::Bench(b)) => bench::run(b).await,
         Some(Command::Chaos(c)) => chaos::run(c).await,
+        Some(Command::ChaosCluster(c)) => cluster::run(c).await,
         Some(Command::Orders(o)) => orders::run(o).await,
         Some(Command::Replay(r)) => replay::run(r).await,
         None => run(cli.run).await,
@@ -395,6 +400,15 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 /// Produces the spec's stream, sampling the consumer's lag every second (until the run is
 /// finished).
 pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Produced> {
+    produce_stage_with(session, spec, Arc::new(Progress::default())).await
+}
+
+/// [`produce_stage`] with the caller's counters: setting `progress.stop` ends the plan early.
+pub async fn produce_stage_with(
+    session: &Session,
+    spec: &Spec,
+    progress: Arc<Progress>,
+) -> anyhow::Result<Produced> {
     let seed = spec.seed.unwrap_or_else(|| fastrand::u64(..));
     let mut rng = fastrand::Rng::with_seed(seed);
     let run = Run {
@@ -450,7 +464,6 @@ pub async fn produce_stage(session: &Session, spec: &Spec) -> anyhow::Result<Pro
             }
         })
     };
-    let progress = Arc::new(Progress::default());
     let bar = (!spec.quiet).then(|| {
         let bar = indicatif::ProgressBar::new_spinner();
         bar.set_style(
@@ -906,7 +919,7 @@ impl LagWatcher {
 
 /// The topic a new producer's first record goes to, so that the measured run does not wait for
 /// the producer's own start.
-const WARM_UP_TOPIC: &str = "loadgen-warmup";
+pub(crate) const WARM_UP_TOPIC: &str = "loadgen-warmup";
 
 /// Waits until the producer can send at once: an idempotent producer holds every record until
 /// it has its producer id (on a fresh broker the first one also waits for the transaction
@@ -936,12 +949,26 @@ async fn warm_up(brokers: &str, producer: &FutureProducer, topic: &str) -> anyho
 }
 
 async fn ensure_topic(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
+    create_topic(brokers, topic, partitions, 1).await
+}
+
+/// Creates `topic` with `partitions` and `replication` replicas of each, unless it exists.
+pub(crate) async fn create_topic(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    replication: i32,
+) -> anyhow::Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()?;
     let results = admin
         .create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &[NewTopic::new(
+                topic,
+                partitions,
+                TopicReplication::Fixed(replication),
+            )],
             &AdminOptions::new(),
         )
         .await?;

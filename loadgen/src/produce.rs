@@ -19,7 +19,7 @@
 //! the payload as stored). Poison never passes an outbox: it goes straight to Kafka too.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -179,6 +179,9 @@ enum Done {
 pub struct Progress {
     pub sent: AtomicU64,
     pub acked: AtomicU64,
+    /// Set by the caller: the plan ends now (what is in flight, and the redrives still due,
+    /// still go out).
+    pub stop: AtomicBool,
 }
 
 /// Produces the plan (or `limit` payments, whichever ends first), then the redrives still
@@ -263,7 +266,7 @@ pub async fn produce(
         let step_start = Instant::now();
         let mut step_sent: u64 = 0;
         while step_start.elapsed() < step.duration {
-            if seq >= limit {
+            if seq >= limit || progress.stop.load(Relaxed) {
                 break 'plan;
             }
             // How many payments this step should have produced by now.
