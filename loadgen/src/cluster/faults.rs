@@ -35,6 +35,8 @@ pub(super) struct Mark {
     /// effect only then (a SIGKILLed broker is gone, a primary stopped, once the script
     /// returns; a commit in between still went to the old one).
     pub valid_after: f64,
+    /// After a failover, the new primary's port: only its commits count.
+    pub server: Option<u16>,
     /// Counted in `recover_s` (else only said in the note).
     pub counted: bool,
 }
@@ -70,6 +72,10 @@ impl Faults {
         let s = cluster.pg_failover(cmd).await?;
         self.promotion_s.push(s);
         self.effective_from(now_s() - s);
+        let port = cluster.pg_node_port(cluster.pg_primary().await?)?;
+        if let Some(m) = self.marks.last_mut() {
+            m.server = Some(port);
+        }
         Ok(())
     }
 
@@ -98,6 +104,7 @@ impl Ctx<'_> {
             from,
             hw,
             valid_after: from,
+            server: None,
             counted,
         }
     }
@@ -192,6 +199,7 @@ pub(super) async fn inject(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<Faul
                     .await,
             );
             cluster.kafka_signal(n, "STOP").await?;
+            f.effective_from(now_s());
             pause(Duration::from_secs(secs)).await;
             cluster.kafka_signal(n, "CONT").await?;
             f.marks.push(
@@ -214,6 +222,10 @@ pub(super) async fn inject(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<Faul
             pause(Duration::from_secs(down)).await;
             let during = commits_seen(ctx.watch, f.marks[0].from + 1.0, now_s());
             cluster.kafka_start(a).await?;
+            f.marks.push(
+                ctx.mark(format!("broker {a} back (two of three up)"), false)
+                    .await,
+            );
             cluster.kafka_start(b).await?;
             f.marks.push(
                 ctx.mark(

@@ -132,6 +132,9 @@ pub struct ClusterResult {
     pub target_s: Option<f64>,
     /// The longest time any partition went without a commit.
     pub stall_s: Option<f64>,
+    /// The longest time any partition went without an acknowledged record (the producer's
+    /// side of a stall: no new record, nothing for the engine to commit).
+    pub ack_gap_s: Option<f64>,
     /// pg-async-loss: how far each partition's stored offset went back.
     pub offset_rollback: Option<Rollback>,
     /// pg-async-loss under the inbox: rows the old primary held that the promoted one lacked.
@@ -214,7 +217,7 @@ fn print_result(r: &ClusterResult) {
     let secs = |v: Option<f64>| v.map_or("-".into(), |s| format!("{s} s"));
     eprintln!(
         "   {}: sent {} acked {} effects {} lost {} duplicated {} unexpected {} parked {} \
-         kafka-ahead {} recover {} (target {}) promotion {} stall {}{} {}",
+         kafka-ahead {} recover {} (target {}) promotion {} stall {} ack gap {}{} {}",
         if r.passed { "PASS" } else { "FAIL" },
         r.sent,
         r.acked,
@@ -228,6 +231,7 @@ fn print_result(r: &ClusterResult) {
         secs(r.target_s),
         secs(r.promotion_s),
         secs(r.stall_s),
+        secs(r.ack_gap_s),
         r.offset_rollback
             .as_ref()
             .map_or(String::new(), |o| format!(" offset rollback {}", o.total)),
@@ -394,6 +398,7 @@ async fn scenario(
             from: m.from,
             valid_after: m.valid_after,
             past: m.hw.as_deref(),
+            server: m.server,
         };
         match watch::recovery(&commits, &busy, since) {
             Ok(s) => {
@@ -483,11 +488,28 @@ async fn scenario(
         promotion_s: f.promotion_s.iter().copied().reduce(f64::max).map(round2),
         target_s: target,
         stall_s: Some(round2(stall)),
+        ack_gap_s: Some(round2(ack_gap(&produced.log))),
         offset_rollback,
         inbox_lacked,
         passed: failed.is_empty(),
         note,
     })
+}
+
+/// The longest time between two acknowledgements of one partition.
+fn ack_gap(log: &[crate::produce::Sent]) -> f64 {
+    let mut acks: std::collections::HashMap<i32, Vec<f64>> = Default::default();
+    for s in log.iter().filter(|s| s.acked) {
+        if let Some(p) = s.partition {
+            acks.entry(p).or_default().push(s.acked_at_s);
+        }
+    }
+    acks.values_mut()
+        .flat_map(|t| {
+            t.sort_by(f64::total_cmp);
+            t.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>()
+        })
+        .fold(0.0, f64::max)
 }
 
 /// How many of the inbox rows `ids` the current primary holds again.

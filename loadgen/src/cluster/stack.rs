@@ -181,6 +181,16 @@ impl Cluster {
             .with_context(|| format!("no PG_NODE{node}_URL in the cluster's env"))
     }
 
+    /// The port PostgreSQL node `node` listens on.
+    pub(crate) fn pg_node_port(&self, node: u32) -> anyhow::Result<u16> {
+        let config: tokio_postgres::Config = self.pg_node_url(node)?.parse()?;
+        config
+            .get_ports()
+            .first()
+            .copied()
+            .with_context(|| format!("no port in PG_NODE{node}_URL"))
+    }
+
     /// How long a broker that stopped answering stays in the cluster's metadata: its
     /// `broker.session.timeout.ms`, from node 1's `server.properties` under the cluster's
     /// `STACK_DIR`, else Kafka's default (9 s).

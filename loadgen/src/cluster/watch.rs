@@ -43,6 +43,8 @@ pub(crate) struct Commit {
     pub next_offset: i64,
     /// When the poll first saw it, in epoch seconds.
     pub seen: f64,
+    /// The port of the server that answered the poll (which primary committed it).
+    pub server: u16,
 }
 
 /// Polls a consumer's stored offsets until finished, recording every change.
@@ -69,7 +71,8 @@ impl CommitWatch {
                     if let Some(d) = &db {
                         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&consumer];
                         let q = d.query(
-                            "SELECT partition, extract(epoch FROM updated_at)::float8, next_offset
+                            "SELECT partition, extract(epoch FROM updated_at)::float8, next_offset,
+                                    inet_server_port()
                              FROM consumer_offsets WHERE consumer = $1 AND topic = $1",
                             &params,
                         );
@@ -84,11 +87,13 @@ impl CommitWatch {
                                     let partition: i32 = r.get(0);
                                     // A claim sets updated_at too; only a moved offset is a commit.
                                     if last.insert(partition, next_offset) != Some(next_offset) {
+                                        let port: Option<i32> = r.get(3);
                                         c.push(Commit {
                                             partition,
                                             at: r.get(1),
                                             next_offset,
                                             seen,
+                                            server: port.unwrap_or(0) as u16,
                                         });
                                     }
                                 }
@@ -138,6 +143,8 @@ pub(crate) struct Since<'a> {
     /// counts only if it stored an offset past it (the engine has read and stored a record
     /// produced after the fault).
     pub past: Option<&'a [i64]>,
+    /// After a failover: only batches the new primary (this port) committed count.
+    pub server: Option<u16>,
 }
 
 /// Seconds from `since.from` until every partition of `partitions` committed a batch that
@@ -155,6 +162,7 @@ pub(crate) fn recovery(
             c.partition == p
                 && c.at >= since.valid_after.max(since.from)
                 && end.is_none_or(|e| c.next_offset > e)
+                && since.server.is_none_or(|s| c.server == s)
         });
         match first {
             Some(c) => slowest = slowest.max(c.at - since.from),
@@ -329,6 +337,7 @@ mod tests {
             at,
             next_offset,
             seen: at + 0.01,
+            server: if at < 13.0 { 5432 } else { 5433 },
         }
     }
 
@@ -348,6 +357,7 @@ mod tests {
             from: 10.0,
             valid_after,
             past,
+            server: None,
         };
         assert_eq!(
             recovery(&commits, &parts, since(10.0, Some(&[110, 205]))),
@@ -358,6 +368,12 @@ mod tests {
         assert!((r - 0.2).abs() < 1e-9, "{r}");
         // A fault that took effect at 13.4: partition 1 first committed at 14.0 after it.
         assert_eq!(recovery(&commits, &parts, since(13.4, None)), Ok(4.0));
+        // After a failover only the new primary's commits count (5433's, from 13.0 on).
+        let failover = Since {
+            server: Some(5433),
+            ..since(10.0, None)
+        };
+        assert_eq!(recovery(&commits, &parts, failover), Ok(4.0));
         // A partition that never committed again is named.
         let parts = BTreeSet::from([0, 1, 2]);
         assert_eq!(
