@@ -121,6 +121,7 @@ pub async fn run(
             partitions: Arc::clone(&known),
             cancel: CancellationToken::new(),
             version: None,
+            deadline: std::time::Duration::from_secs(30),
         };
         let recs = records(&run, p, per_partition);
         let mut batches = Vec::new();

@@ -162,6 +162,7 @@ impl Worker {
                             handler: Arc::clone(&handler),
                             stored: Arc::clone(&stored),
                             stats: Arc::clone(&s),
+                            deadline: config.database.transaction_deadline,
                         }),
                         c.inbox.processors,
                     ));
@@ -179,6 +180,7 @@ impl Worker {
                 kafka: config.kafka.clone(),
                 worker_id: worker_id.clone(),
                 revoke_deadline: config.worker.revoke_deadline,
+                transaction_deadline: config.database.transaction_deadline,
                 pool: pg.clone(),
                 handler,
                 strategy,

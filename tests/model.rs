@@ -332,6 +332,7 @@ impl Sut {
             partitions: Arc::clone(&self.known),
             cancel: CancellationToken::new(),
             version: None,
+            deadline: std::time::Duration::from_secs(30),
         };
         (ctx, claim)
     }

@@ -161,6 +161,13 @@ pub struct DatabaseConfig {
     /// releases the locks) of a zombie worker left inside a transaction.
     #[serde(with = "humantime_serde")]
     pub idle_in_transaction_timeout: Duration,
+    /// The longest one transaction attempt (a batch's, a claim's, an inbox round's) waits for
+    /// PostgreSQL before its connection is dropped and the attempt retried on a new one. A
+    /// frozen server (SIGSTOP, a hung VM) still has its kernel acknowledge every packet, so
+    /// neither TCP keepalives nor the TCP user timeout notice it: only a deadline does. Above
+    /// the slowest batch the handler may legitimately take.
+    #[serde(with = "humantime_serde")]
+    pub transaction_deadline: Duration,
     /// `[database.tls]` (or `tls = { mode = "verify-full", ca_file = "..." }`): libpq's
     /// `sslmode` semantics; the URL's `sslmode`/`sslrootcert` work too.
     pub tls: TlsConfig,
@@ -173,6 +180,7 @@ impl Default for DatabaseConfig {
             pool_size: 16,
             connect_timeout: Duration::from_secs(5),
             idle_in_transaction_timeout: Duration::from_secs(60),
+            transaction_deadline: Duration::from_secs(30),
             tls: TlsConfig::default(), // libpq's sslmode=prefer
         }
     }
@@ -590,6 +598,9 @@ impl Config {
         if self.database.pool_size < 1 {
             problems.push("database.pool_size must be at least 1".into());
         }
+        if self.database.transaction_deadline < Duration::from_secs(1) {
+            problems.push("database.transaction_deadline must be at least 1s".into());
+        }
         if let Err(e) = self.database.tls.resolve(self.database.url.expose()) {
             problems.push(e);
         }
@@ -785,6 +796,9 @@ pool_size = 16
 connect_timeout = "5s"
 # PostgreSQL ends the session of a zombie worker left inside a transaction after this long.
 idle_in_transaction_timeout = "1m"
+# A transaction attempt that PostgreSQL has not answered within this (a frozen primary) is
+# abandoned on a new connection; keep it above the slowest batch the handler may take.
+transaction_deadline = "30s"
 # libpq's sslmode: "disable", "prefer" (TLS if offered, nothing verified), "require" (TLS,
 # nothing verified), "verify-ca" (the chain must lead to ca_file), "verify-full" (and the
 # certificate must name the URL's host: the mode for production). The URL's ?sslmode= and
@@ -976,6 +990,7 @@ mod tests {
         assert_eq!(d.pool_size, 16);
         assert_eq!(d.connect_timeout, 5 * SEC);
         assert_eq!(d.idle_in_transaction_timeout, 60 * SEC);
+        assert_eq!(d.transaction_deadline, 30 * SEC);
         assert_eq!(w.id, None);
         assert_eq!(w.revoke_deadline, 20 * SEC);
         assert_eq!(w.shutdown_deadline, 30 * SEC);

@@ -51,6 +51,8 @@ pub struct Processors {
     /// Notified by this process's receiver after it stored rows.
     pub stored: Arc<Notify>,
     pub stats: Arc<Stats>,
+    /// `database.transaction_deadline`: the longest a round waits for PostgreSQL.
+    pub deadline: std::time::Duration,
 }
 
 /// What a round did.
@@ -166,58 +168,76 @@ impl Processors {
         let started = Instant::now();
         let limit = self.config.inbox.claim_batch as i64;
         let mut conn = self.pool.get().await?;
-        let (round, claim_took) = match self.config.inbox.claim {
-            ClaimMode::Lock => {
-                let tx = conn.transaction().await?;
-                let claimed = table::claim_locked(&tx, &self.consumer, limit).await?;
-                let claim_took = started.elapsed();
-                let applied = tokio::select! {
-                    biased;
-                    _ = stop.cancelled() => None,
-                    r = self.apply(&tx, claimed, true) => Some(r?),
-                };
-                match applied {
-                    Some(round) => {
-                        tx.commit().await?;
-                        (round, claim_took)
-                    }
-                    // Dropping the transaction rolls it back: the rows are unlocked.
-                    None => return Ok(Round::default()),
-                }
-            }
-            ClaimMode::Lease => {
-                let token = Uuid::new_v4();
-                let lease_ms = self.config.inbox.lease.as_millis() as i64;
-                let claimed =
-                    table::claim_leased(&conn, &self.consumer, limit, lease_ms, token).await?;
-                let claim_took = started.elapsed();
-                if claimed.is_empty() {
-                    (Round::default(), claim_took)
-                } else {
-                    let keys: Vec<_> = claimed
-                        .iter()
-                        .map(|c| (c.message_id, c.event_date))
-                        .collect();
-                    let applied = {
-                        let tx = conn.transaction().await?;
-                        tokio::select! {
-                            biased;
-                            _ = stop.cancelled() => None,
-                            r = self.apply_leased(&tx, claimed, token, &keys) => {
-                                let round = r?;
-                                tx.commit().await?;
-                                Some(round)
-                            }
-                        }
+        // Bounded like a batch (see `strategy::segments`): a frozen server must not hold the
+        // processor, and a connection that failed is not handed to the next round.
+        let work = async {
+            match self.config.inbox.claim {
+                ClaimMode::Lock => {
+                    let tx = conn.transaction().await?;
+                    let claimed = table::claim_locked(&tx, &self.consumer, limit).await?;
+                    let claim_took = started.elapsed();
+                    let applied = tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => None,
+                        r = self.apply(&tx, claimed, true) => Some(r?),
                     };
                     match applied {
-                        Some(round) => (round, claim_took),
-                        None => {
-                            table::release_leased(&**conn, &self.consumer, token, &keys).await?;
-                            return Ok(Round::default());
+                        Some(round) => {
+                            tx.commit().await?;
+                            Ok(Some((round, claim_took)))
+                        }
+                        // Dropping the transaction rolls it back: the rows are unlocked.
+                        None => Ok(None),
+                    }
+                }
+                ClaimMode::Lease => {
+                    let token = Uuid::new_v4();
+                    let lease_ms = self.config.inbox.lease.as_millis() as i64;
+                    let claimed =
+                        table::claim_leased(&conn, &self.consumer, limit, lease_ms, token).await?;
+                    let claim_took = started.elapsed();
+                    if claimed.is_empty() {
+                        Ok(Some((Round::default(), claim_took)))
+                    } else {
+                        let keys: Vec<_> = claimed
+                            .iter()
+                            .map(|c| (c.message_id, c.event_date))
+                            .collect();
+                        let applied = {
+                            let tx = conn.transaction().await?;
+                            tokio::select! {
+                                biased;
+                                _ = stop.cancelled() => None,
+                                r = self.apply_leased(&tx, claimed, token, &keys) => {
+                                    let round = r?;
+                                    tx.commit().await?;
+                                    Some(round)
+                                }
+                            }
+                        };
+                        match applied {
+                            Some(round) => Ok(Some((round, claim_took))),
+                            None => {
+                                table::release_leased(&**conn, &self.consumer, token, &keys)
+                                    .await?;
+                                Ok(None)
+                            }
                         }
                     }
                 }
+            }
+        };
+        let answered = tokio::time::timeout(self.deadline, work)
+            .await
+            .unwrap_or(Err(RoundError::from(StoreError::Timeout(self.deadline))));
+        let (round, claim_took) = match answered {
+            Ok(Some(done)) => done,
+            Ok(None) => return Ok(Round::default()),
+            Err(e) => {
+                if matches!(e, RoundError::Unavailable(_)) {
+                    crate::store::pool::discard(conn);
+                }
+                return Err(e);
             }
         };
         // The e2e latency of an inbox message runs from its Kafka timestamp to its effect.

@@ -218,6 +218,8 @@ pub struct Source {
     pub kafka: crate::config::KafkaConfig,
     pub worker_id: String,
     pub revoke_deadline: Duration,
+    /// `database.transaction_deadline`: the longest a claim or a batch waits for PostgreSQL.
+    pub transaction_deadline: Duration,
     pub pool: deadpool_postgres::Pool,
     pub handler: Arc<dyn Handler>,
     pub strategy: Arc<dyn Strategy>,
@@ -271,10 +273,11 @@ impl Source {
             ("partition.assignment.strategy", "cooperative-sticky".into()),
             // Feeds the consumer lag gauge (see `RebalanceContext::stats`).
             ("statistics.interval.ms", "5000".into()),
-            (
-                "auto.offset.reset",
-                self.config.auto_offset_reset.as_librdkafka().into(),
-            ),
+            // Every partition is assigned at an explicit position (the stored offset, or
+            // Beginning/End by `auto_offset_reset` for one never stored), so librdkafka resets
+            // only when that position is outside the log: it must not jump by itself, but
+            // report it, for `on_offset_out_of_range` to decide (see `range`).
+            ("auto.offset.reset", "error".into()),
             (
                 "session.timeout.ms",
                 self.kafka.session_timeout.as_millis().to_string(),
@@ -380,6 +383,7 @@ impl Source {
                 Some(event) = events.recv() => match event {
                     Event::Claim { partitions, reply } => {
                         let claims = self.claim_all(&partitions, &shutdown).await;
+                        let claims = super::range::at_claim(&self, &consumer, claims, &shutdown).await;
                         let _ = reply.send(claims);
                     }
                     Event::Start { claims, done } => {
@@ -459,7 +463,8 @@ impl Source {
         shutdown: &CancellationToken,
         running: &mut HashMap<TopicPartition, Running>,
     ) {
-        for (tp, claim) in self.claim_all(std::slice::from_ref(tp), shutdown).await {
+        let claims = self.claim_all(std::slice::from_ref(tp), shutdown).await;
+        for (tp, claim) in super::range::at_claim(self, consumer, claims, shutdown).await {
             running.remove(&tp);
             if let Some(r) = self.start_partition(consumer, decoder, &tp, claim, exits) {
                 running.insert(tp, r);
@@ -495,15 +500,26 @@ impl Source {
         partitions: &[TopicPartition],
     ) -> Result<Vec<(TopicPartition, Claim)>, crate::store::StoreError> {
         let client = self.pool.get().await?;
-        let mut out = Vec::with_capacity(partitions.len());
-        for tp in partitions {
-            let claim =
-                offsets::claim(&**client, &self.config.name, &tp.0, tp.1, &self.worker_id).await?;
-            tracing::info!(consumer = %self.config.name, topic = %tp.0, partition = tp.1,
-                epoch = claim.epoch, next_offset = ?claim.next_offset, "claimed partition");
-            out.push((tp.clone(), claim));
+        let claims = async {
+            let mut out = Vec::with_capacity(partitions.len());
+            for tp in partitions {
+                let claim =
+                    offsets::claim(&**client, &self.config.name, &tp.0, tp.1, &self.worker_id)
+                        .await?;
+                tracing::info!(consumer = %self.config.name, topic = %tp.0, partition = tp.1,
+                    epoch = claim.epoch, next_offset = ?claim.next_offset, "claimed partition");
+                out.push((tp.clone(), claim));
+            }
+            Ok(out)
+        };
+        let result = tokio::time::timeout(self.transaction_deadline, claims)
+            .await
+            .unwrap_or(Err(crate::store::StoreError::Timeout(self.transaction_deadline)));
+        if result.is_err() {
+            // Closed, frozen or read-only: not for the next claim (see `pool::discard`).
+            crate::store::pool::discard(client);
         }
-        Ok(out)
+        result
     }
 
     fn start_partition(
@@ -541,6 +557,7 @@ impl Source {
                 partitions: Arc::clone(&self.partitions),
                 cancel: cancel.clone(),
                 version: self.config.version.clone().map(Arc::new),
+                deadline: self.transaction_deadline,
             },
             queue,
             consumer: Arc::clone(consumer),
@@ -551,6 +568,7 @@ impl Source {
             metrics: crate::metrics::PartitionMetrics::new(&self.config.name, &tp.0, tp.1),
             next_offset: claim.next_offset,
             limit: self.config.batch.max_messages,
+            out_of_range: Default::default(),
         };
         let exits = exits.clone();
         let key = tp.clone();

@@ -39,7 +39,9 @@ pub fn classify(e: &tokio_postgres::Error) -> ErrorClass {
     };
     let code = state.code();
     match &code[..2] {
-        "40" | "08" | "53" | "55" | "57" | "58" => ErrorClass::Transient,
+        // 25006 (read-only transaction) lands here too: a connection to a primary that was
+        // demoted, or a proxy that sent it to a standby; the strategies retry on a new one.
+        "40" | "08" | "25" | "53" | "55" | "57" | "58" => ErrorClass::Transient,
         "22" | "23" => ErrorClass::Permanent,
         "42" | "0A" | "28" | "3D" | "3F" => ErrorClass::Fatal,
         _ => ErrorClass::Transient,
@@ -53,6 +55,9 @@ pub enum StoreError {
     Postgres(#[from] tokio_postgres::Error),
     #[error("connection pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
+    /// PostgreSQL did not answer within `database.transaction_deadline` (a frozen server).
+    #[error("PostgreSQL did not answer within {0:?} (database.transaction_deadline)")]
+    Timeout(std::time::Duration),
 }
 
 impl StoreError {
@@ -60,7 +65,7 @@ impl StoreError {
         match self {
             StoreError::Postgres(e) => classify(e),
             // Timeouts, a backend that closed: the pool will hand out a fresh connection.
-            StoreError::Pool(_) => ErrorClass::Transient,
+            StoreError::Pool(_) | StoreError::Timeout(_) => ErrorClass::Transient,
         }
     }
 }

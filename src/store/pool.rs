@@ -105,6 +105,17 @@ fn build_with(url: &str, tls: &TlsConfig, opts: &PoolOptions) -> Result<Pool, Po
         .build()?)
 }
 
+/// Takes a connection out of its pool for good: it closes when dropped here, and the pool opens
+/// a new one (to whichever host `target_session_attrs` finds) when it next needs one. For a
+/// connection that failed with the database unavailable or did not answer in time: it may be
+/// closed, stuck behind a statement that never returns (a frozen server), or on a server that
+/// is read-only now (a demoted primary behind a proxy: SQLSTATE 25006). Dropping one healthy
+/// connection after a deadlock costs one reconnect; keeping a broken one could cost a batch
+/// per use for ever.
+pub fn discard(conn: deadpool_postgres::Object) {
+    drop(deadpool_postgres::Object::take(conn));
+}
+
 /// The parsed URL (without the `sslmode`/`sslrootcert` the engine handles), the TLS settings
 /// in force, and their connector. Reads the CA file: a missing or unreadable one fails here.
 fn prepare(
@@ -169,22 +180,31 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// `postgres://user@hosts:port/db`: never the password.
+/// `postgres://user@host:port,host:port/db`: never the password. Each host with its port (a
+/// single port applies to every host, as in libpq), so a multi-host URL reads as it was meant.
 fn describe(cfg: &tokio_postgres::Config) -> String {
-    let hosts: Vec<String> = cfg
-        .get_hosts()
-        .iter()
-        .map(|h| match h {
-            tokio_postgres::config::Host::Tcp(s) => s.clone(),
-            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+    let ports = cfg.get_ports();
+    let hosts: Vec<String> = (cfg.get_hosts().iter().enumerate())
+        .map(|(i, h)| {
+            let host = match h {
+                tokio_postgres::config::Host::Tcp(s) => s.clone(),
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+            };
+            let port = match ports {
+                [one] => *one,
+                many => many.get(i).copied().unwrap_or(5432),
+            };
+            format!("{host}:{port}")
         })
         .collect();
-    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let attrs = match cfg.get_target_session_attrs() {
+        tokio_postgres::config::TargetSessionAttrs::ReadWrite => "?target_session_attrs=read-write",
+        _ => "",
+    };
     format!(
-        "postgres://{}@{}:{}/{}",
+        "postgres://{}@{}/{}{attrs}",
         cfg.get_user().unwrap_or(""),
         hosts.join(","),
-        port,
         cfg.get_dbname().unwrap_or("")
     )
 }
@@ -200,5 +220,19 @@ mod tests {
         assert!(!r.contains("s3cret"));
         let tls = redact("postgres://app:s3cret@db.example/ledger?sslmode=verify-ca");
         assert_eq!(tls, "postgres://app@db.example:5432/ledger");
+    }
+
+    #[test]
+    fn redact_names_every_host_of_a_multi_host_url() {
+        let url = "postgres://app:s3cret@10.0.0.1:5433,10.0.0.2:5434/ledger?target_session_attrs=read-write";
+        let r = redact(url);
+        assert_eq!(
+            r,
+            "postgres://app@10.0.0.1:5433,10.0.0.2:5434/ledger?target_session_attrs=read-write"
+        );
+        assert!(!r.contains("s3cret"));
+        // In a URL, a host without a port gets 5432.
+        let r = redact("postgres://app@a,b:6000/ledger");
+        assert_eq!(r, "postgres://app@a:5432,b:6000/ledger");
     }
 }

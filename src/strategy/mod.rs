@@ -41,6 +41,8 @@ pub struct PartitionCtx {
     pub cancel: CancellationToken,
     /// `[consumer.version]`, when the consumer has versioned writes.
     pub version: Option<Arc<crate::config::VersionConfig>>,
+    /// The longest one transaction attempt may wait for PostgreSQL (`database.transaction_deadline`).
+    pub deadline: Duration,
 }
 
 /// Time spent in each phase of the batch transactions (summed over a batch's transactions).

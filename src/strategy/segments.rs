@@ -338,44 +338,65 @@ async fn attempt(
 
     let t0 = Instant::now();
     let mut conn = ctx.pool.get().await?;
-    ctx.partitions
-        .ensure(&**conn, candidates.iter().map(|e| e.event_date))
-        .await?;
-    let tx = conn.transaction().await?;
-    let fence = || async {
-        if offsets::advance(&tx, &ctx.consumer, &ctx.topic, ctx.partition, mv).await? {
-            return Ok(());
-        }
-        let why = offsets::why_refused(&*tx, &ctx.consumer, &ctx.topic, ctx.partition, mv);
-        Err(AttemptError::Refused(why.await?))
-    };
-    if shape.fence_first {
-        fence().await?;
-    }
-    let fenced_at = Instant::now();
-    dead_letters::park(&tx, &ctx.consumer, &parked).await?;
-    let body_out = if candidates.is_empty() {
-        BodyOutcome::default()
-    } else {
-        match body.run(ctx, &tx, &candidates, &candidate_raw).await {
-            Ok(o) => o,
-            Err(AttemptError::Reject(list)) => {
-                return Err(AttemptError::Reject(
-                    list.into_iter()
-                        .map(|(c, why)| (candidate_idx[c], why))
-                        .collect(),
-                ))
+    // Everything up to COMMIT, bounded by the deadline: a server that stopped answering (a
+    // SIGSTOPped or frozen primary, whose kernel still acknowledges every packet, so neither
+    // keepalives nor the TCP user timeout notice) must not hold the partition for ever.
+    let transaction = async {
+        ctx.partitions
+            .ensure(&**conn, candidates.iter().map(|e| e.event_date))
+            .await?;
+        let tx = conn.transaction().await?;
+        let fence = || async {
+            if offsets::advance(&tx, &ctx.consumer, &ctx.topic, ctx.partition, mv).await? {
+                return Ok(());
             }
-            Err(e) => return Err(e),
+            let why = offsets::why_refused(&*tx, &ctx.consumer, &ctx.topic, ctx.partition, mv);
+            Err(AttemptError::Refused(why.await?))
+        };
+        if shape.fence_first {
+            fence().await?;
+        }
+        let fenced_at = Instant::now();
+        dead_letters::park(&tx, &ctx.consumer, &parked).await?;
+        let body_out = if candidates.is_empty() {
+            BodyOutcome::default()
+        } else {
+            match body.run(ctx, &tx, &candidates, &candidate_raw).await {
+                Ok(o) => o,
+                Err(AttemptError::Reject(list)) => {
+                    return Err(AttemptError::Reject(
+                        list.into_iter()
+                            .map(|(c, why)| (candidate_idx[c], why))
+                            .collect(),
+                    ))
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if !shape.fence_first {
+            fence().await?;
+        }
+        // Chaos: the process dies with the transaction complete but not committed.
+        fail::fail_point!("before_commit", |_| std::process::abort());
+        let committing = Instant::now();
+        tx.commit().await?;
+        Ok((body_out, fenced_at, committing.elapsed()))
+    };
+    let answered = match tokio::time::timeout(ctx.deadline, transaction).await {
+        Ok(r) => r,
+        Err(_) => Err(crate::store::StoreError::Timeout(ctx.deadline).into()),
+    };
+    let (body_out, fenced_at, commit_took) = match answered {
+        Ok(done) => done,
+        Err(e) => {
+            if matches!(e, AttemptError::Unavailable(_)) {
+                // The connection may be dead, stuck behind a statement that never returns, or
+                // on a server that is read-only now: never hand it to another transaction.
+                crate::store::pool::discard(conn);
+            }
+            return Err(e);
         }
     };
-    if !shape.fence_first {
-        fence().await?;
-    }
-    // Chaos: the process dies with the transaction complete but not committed.
-    fail::fail_point!("before_commit", |_| std::process::abort());
-    let committing = Instant::now();
-    tx.commit().await?;
     // Chaos: committed in PostgreSQL, Kafka not told yet.
     fail::fail_point!("after_commit", |_| std::process::abort());
     if let Some(f) = filter {
@@ -390,7 +411,7 @@ async fn attempt(
         stage: body_out.stage,
         dedupe: body_out.dedupe,
         effect: body_out.effect,
-        commit: committing.elapsed(),
+        commit: commit_took,
     };
     crate::metrics::effects_committed(&ctx.consumer, &ctx.topic, &body_out.fresh_ts_ms);
     crate::metrics::versions_skipped(&ctx.consumer, &body_out.versions);
