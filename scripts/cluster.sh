@@ -205,9 +205,18 @@ kafka_node_spawn() {
   kafka_spawn "$dir/server.properties" "$dir/logs" "$dir/pid" "$KAFKA_NODE_HEAP"
 }
 
+# The admin client config of BrokerApiVersionsCommand: short timeouts, so that a paused node (its
+# TCP connection accepted, never answered) is given up on after 3 s, not 30.
+admin_config() {
+  local f=$KAFKA_HOME/admin.properties
+  [ -f "$f" ] || printf 'request.timeout.ms=3000\ndefault.api.timeout.ms=8000\nsocket.connection.setup.timeout.ms=2000\n' >"$f"
+  echo "$f"
+}
+
 # The brokers a node's metadata lists (registered and not fenced), one id a line.
 kafka_brokers_seen() {
-  kafka_java org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "$1" 2>/dev/null |
+  kafka_java org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "$1" \
+    --command-config "$(admin_config)" 2>/dev/null |
     sed -n 's/^[^ ]* (id: \([0-9]*\) .*/\1/p'
 }
 kafka_node_ready() { kafka_brokers_seen "$(kafka_addr "$1")" | grep -qx "$1"; }
@@ -271,48 +280,100 @@ kafka_start() {
   kafka_node_wait "$1"
 }
 
-kafka_describe() {
-  kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$(kafka_live)" --describe "$@"
+# The partitions' leaders and ISRs, one "TOPIC PARTITION LEADER REPLICAS ISR" line each (ids
+# comma-separated, leader -1 when there is none), from the admin client's describeTopics alone:
+# TopicCommand --describe also lists reassignments, through the node the metadata names as the
+# controller (any broker, in KRaft), and times out while that one is paused and not fenced yet.
+# Compiled once into $KAFKA_HOME/tool; the same short timeouts as admin_config.
+partitions_tool() {
+  local dir=$KAFKA_HOME/tool src
+  src=$(cat <<'JAVA'
+import java.util.*;
+import java.util.concurrent.ExecutionException;
+import org.apache.kafka.clients.admin.*;
+import org.apache.kafka.common.*;
+import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
+
+public class ClusterPartitions {
+  public static void main(String[] args) throws Exception {
+    Properties p = new Properties();
+    p.put("bootstrap.servers", args[0]);
+    p.put("request.timeout.ms", "3000");
+    p.put("default.api.timeout.ms", "10000");
+    p.put("socket.connection.setup.timeout.ms", "2000");
+    p.put("socket.connection.setup.timeout.max.ms", "2000");
+    try (Admin admin = Admin.create(p)) {
+      Collection<String> topics = args.length > 1 ? List.of(args[1])
+          : admin.listTopics(new ListTopicsOptions().listInternal(true)).names().get();
+      Map<String, TopicDescription> all = new TreeMap<>(admin.describeTopics(topics).allTopicNames().get());
+      for (TopicDescription t : all.values())
+        for (TopicPartitionInfo i : t.partitions())
+          System.out.println(t.name() + " " + i.partition() + " "
+              + (i.leader() == null ? -1 : i.leader().id()) + " " + ids(i.replicas()) + " " + ids(i.isr()));
+    } catch (ExecutionException e) {
+      System.err.println(e.getCause());
+      System.exit(e.getCause() instanceof UnknownTopicOrPartitionException ? 2 : 1);
+    }
+  }
+
+  static String ids(List<Node> nodes) {
+    StringJoiner j = new StringJoiner(",");
+    for (Node n : nodes) j.add(String.valueOf(n.id()));
+    return j.length() == 0 ? "-" : j.toString();
+  }
+}
+JAVA
+)
+  if [ ! -f "$dir/ClusterPartitions.class" ] || [ "$src" != "$(cat "$dir/ClusterPartitions.java" 2>/dev/null)" ]; then
+    mkdir -p "$dir"
+    printf '%s\n' "$src" >"$dir/ClusterPartitions.java"
+    javac -cp "$KAFKA_HOME/lib/*" -d "$dir" "$dir/ClusterPartitions.java" >&2 || die "compiling ClusterPartitions failed"
+  fi
+  echo "$dir"
+}
+
+# kafka_partitions [TOPIC]: the lines above, tried again with a new client (fresh metadata) for up
+# to 45 s; an unknown topic fails at once.
+kafka_partitions() {
+  local deadline=$((SECONDS + 45)) tool out rc
+  tool=$(partitions_tool)
+  while :; do
+    rc=0
+    out=$(KAFKA_CLASSPATH_EXTRA=$tool kafka_java ClusterPartitions "$(kafka_live)" "$@" 2>&1) || rc=$?
+    [ "$rc" = 0 ] && { printf '%s\n' "$out"; return 0; }
+    if [ "$rc" = 2 ] || [ "$SECONDS" -ge "$deadline" ]; then
+      printf '%s\n' "$out" >&2
+      return 1
+    fi
+    sleep 0.5
+  done
 }
 
 kafka_leader() {
   [ $# = 2 ] || die "usage: kafka-leader TOPIC PARTITION"
   local out leader
-  out=$(kafka_describe --topic "$1" 2>&1) || { printf '%s\n' "$out" >&2; die "describing topic $1 failed"; }
-  leader=$(printf '%s\n' "$out" | awk -v p="$2" '{
-      for (i = 1; i < NF; i++) {
-        if ($i == "Partition:") hit = ($(i + 1) == p)
-        if (hit && $i == "Leader:") { print $(i + 1); exit }
-      }
-    }')
+  out=$(kafka_partitions "$1") || die "describing topic $1 failed"
+  leader=$(printf '%s\n' "$out" | awk -v p="$2" '$2 == p { print $3 }')
   [ -n "$leader" ] || die "topic $1 has no partition $2"
   echo "$leader"
 }
 
-# Every partition line of TopicCommand's description: a leader, and Isr as long as Replicas.
+# Every partition has a leader and as many replicas in its ISR as it has replicas.
 isr_complete() {
-  awk '{
-      for (i = 1; i < NF; i++) {
-        if ($i == "Partition:") { lines++ }
-        if ($i == "Leader:") leader = $(i + 1)
-        if ($i == "Replicas:") replicas = split($(i + 1), r, ",")
-        if ($i == "Isr:") isr = ($(i + 1) ~ /^[0-9,]+$/) ? split($(i + 1), s, ",") : 0
-      }
-      if (leader != "" ) { if (leader == "-1" || isr != replicas) bad++; leader = "" }
-    }
+  awk '{ lines++; if ($3 == "-1" || split($4, r, ",") != split($5, i, ",") || $5 == "-") bad++ }
     END { exit !(lines > 0 && bad == 0) }'
 }
 
 kafka_wait_isr() {
-  local deadline=$((SECONDS + ${KAFKA_ISR_TIMEOUT:-120})) out
+  local deadline=$((SECONDS + ${KAFKA_ISR_TIMEOUT:-120})) out=
   while :; do
-    if out=$(kafka_describe ${1:+--topic "$1"} 2>/dev/null) && printf '%s\n' "$out" | isr_complete; then
+    if out=$(kafka_partitions ${1:+"$1"} 2>/dev/null) && printf '%s\n' "$out" | isr_complete; then
       return 0
     fi
-    [ "$SECONDS" -lt "$deadline" ] || {
-      printf '%s\n' "$out" | grep 'Partition:' | awk '{ $1 = $1; print }' >&2
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      printf '%s\n' "$out" >&2
       die "not every partition${1:+ of $1} has its replicas in sync after ${KAFKA_ISR_TIMEOUT:-120} s"
-    }
+    fi
     sleep 1
   done
 }

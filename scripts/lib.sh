@@ -54,8 +54,9 @@ kafka_jars() {
   mv "$KAFKA_HOME/lib.tmp" "$KAFKA_HOME/lib"
 }
 
+# KAFKA_CLASSPATH_EXTRA: a folder of classes of the caller's own, after the jars.
 kafka_java() {
-  java -cp "$KAFKA_HOME/lib/*" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.properties" \
+  java -cp "$KAFKA_HOME/lib/*${KAFKA_CLASSPATH_EXTRA:+:$KAFKA_CLASSPATH_EXTRA}" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.properties" \
     -Dkafka.logs.dir="$KAFKA_HOME/logs" "$@"
 }
 
