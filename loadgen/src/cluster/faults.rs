@@ -200,7 +200,16 @@ pub(super) async fn inject(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<Faul
             );
             cluster.kafka_signal(n, "STOP").await?;
             f.effective_from(now_s());
-            pause(Duration::from_secs(secs)).await;
+            let stopped = Instant::now();
+            // Whether the controller moved the partition off the paused broker (the clients
+            // may still wait on their requests to it).
+            pause(Duration::from_secs(10)).await;
+            let during = cluster.kafka_leader(ctx.topic, p).await?;
+            f.notes.push(format!(
+                "partition {p}'s leader {:.0} s into the pause: broker {during}",
+                stopped.elapsed().as_secs_f64()
+            ));
+            pause(Duration::from_secs(secs).saturating_sub(stopped.elapsed())).await;
             cluster.kafka_signal(n, "CONT").await?;
             f.marks.push(
                 ctx.mark(format!("SIGCONT broker {n} after {secs} s"), true)
