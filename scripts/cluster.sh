@@ -75,13 +75,17 @@ esac
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f\n", b - a }'; }
+pid_state() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1; }
 # A process stopped by SIGSTOP (state T).
-pid_paused() { [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" = T ]; }
+pid_paused() { [ "$(pid_state "$1")" = T ]; }
+# Until none of the pids runs (a zombie, dead but not reaped yet by init, counts as gone).
 wait_gone() {
   local i p alive
   for i in $(seq 1 "$((${2:-60} * 10))"); do
     alive=
-    for p in $1; do kill -0 "$p" 2>/dev/null && alive=1; done
+    for p in $1; do
+      if kill -0 "$p" 2>/dev/null && [ "$(pid_state "$p")" != Z ]; then alive=1; fi
+    done
     [ -z "$alive" ] && return 0
     sleep 0.1
   done
@@ -226,9 +230,14 @@ kafka_up() {
   mkdir -p "$KAFKA_HOME/logs"
   cluster_jars
   kafka_pick_ports
-  local n i
-  for n in $NODES; do kafka_node_spawn "$n"; done
-  for n in $NODES; do kafka_node_wait "$n"; done
+  local n i started=
+  for n in $NODES; do
+    if ! pid_alive "$(node_pidfile "$n")"; then
+      kafka_node_spawn "$n"
+      started="$started $n"
+    fi
+  done
+  for n in $started; do kafka_node_wait "$n"; done
   for i in $(seq 1 60); do
     [ "$(kafka_brokers_seen "$(kafka_all)" | sort -u | wc -l)" = 3 ] && return 0
     sleep 1
@@ -423,7 +432,8 @@ pg_answers_as() { [ "$(pgq "$1" 'select pg_is_in_recovery()' 2>/dev/null)" = "$2
 pg_node_start() {
   pg_running "$1" && return 0
   log "starting postgresql node $1 on 127.0.0.1:$(pg_port "$1")"
-  pg_start "$(pg_dir "$1")" "$(pg_port "$1")" "-c cluster_name=effectively-pg$1 -c wal_level=replica \
+  # cluster_name: in the processes' titles, "stack-cluster-pg1: walsender ..." (the folder's name).
+  pg_start "$(pg_dir "$1")" "$(pg_port "$1")" "-c cluster_name=$(basename "$STACK_DIR" | tr -c 'A-Za-z0-9_\n-' _ | sed 's/^_//')-pg$1 -c wal_level=replica \
     -c hot_standby=on -c max_wal_senders=10 -c max_replication_slots=10 -c wal_keep_size=1GB"
 }
 
@@ -633,7 +643,8 @@ status() {
     echo "postgresql node $n: $state"
   done
   if [ -f "$STACK_DIR/pg.port" ]; then
-    echo "replication:       $(replication_mode), standby: $(replication_state "$(recorded_primary)" | sed 's/^$/not streaming/')"
+    state=$(replication_state "$(recorded_primary)")
+    echo "replication:       $(replication_mode), standby: ${state:-not streaming}"
   fi
 }
 
