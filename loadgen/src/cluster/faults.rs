@@ -53,6 +53,9 @@ pub(super) struct Faults {
     pub rollback: Option<Vec<PartitionRollback>>,
     /// pg-async-loss under the inbox: rows the old primary held and the promoted one lacked.
     pub lacked: Vec<uuid::Uuid>,
+    /// Spans (epoch seconds) in which commits cannot succeed by design: brokers down, the
+    /// synchronous standby down.
+    pub outages: Vec<(f64, f64)>,
     /// The scenario's own checks that failed.
     pub failed: Vec<String>,
 }
@@ -211,6 +214,7 @@ pub(super) async fn inject(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<Faul
             ));
             pause(Duration::from_secs(secs).saturating_sub(stopped.elapsed())).await;
             cluster.kafka_signal(n, "CONT").await?;
+            f.outages.push((f.marks[0].from, now_s()));
             f.marks.push(
                 ctx.mark(format!("SIGCONT broker {n} after {secs} s"), true)
                     .await,
@@ -231,8 +235,9 @@ pub(super) async fn inject(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<Faul
             pause(Duration::from_secs(down)).await;
             let during = commits_seen(ctx.watch, f.marks[0].from + 1.0, now_s());
             cluster.kafka_start(a).await?;
+            f.outages.push((f.marks[0].from, now_s()));
             f.marks.push(
-                ctx.mark(format!("broker {a} back (two of three up)"), false)
+                ctx.mark(format!("broker {a} back (two of three up)"), true)
                     .await,
             );
             cluster.kafka_start(b).await?;
@@ -244,7 +249,8 @@ pub(super) async fn inject(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<Faul
                 .await,
             );
             f.notes.push(format!(
-                "recovery from the restart of both; {during} commits seen while two were down"
+                "recovery from the first restart (min ISR 2 possible again) and from both; \
+                 {during} commits seen while two were down"
             ));
             cluster.kafka_wait_isr(Some(ctx.topic)).await?;
         }
@@ -313,6 +319,7 @@ async fn standby_down(ctx: &mut Ctx<'_>, f: &mut Faults) -> anyhow::Result<()> {
     pause(Duration::from_secs(10)).await;
     let during = commits_seen(ctx.watch, stopped + 1.0, now_s());
     cluster.run(&["pg-standby-start"]).await?;
+    f.outages.push((stopped, now_s()));
     f.marks
         .push(ctx.mark("standby restarted after 10 s", true).await);
     f.notes.push(format!(

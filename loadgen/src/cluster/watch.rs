@@ -178,22 +178,31 @@ pub(crate) fn recovery(
 
 /// The longest time any partition went without a commit, between its first and its last:
 /// the gap between one batch's start and the next's (after a lossy failover the server's
-/// older rows come back; the gap runs from the newest commit seen before).
-pub(crate) fn longest_stall(commits: &[Commit]) -> f64 {
+/// older rows come back; the gap runs from the newest commit seen before). The second number
+/// leaves out what of each gap falls inside `outages` (epoch-second spans in which commits
+/// cannot succeed by design: brokers down, the synchronous standby down), so that what is
+/// left is the engine's.
+pub(crate) fn longest_stall(commits: &[Commit], outages: &[(f64, f64)]) -> (f64, f64) {
     let mut newest: HashMap<i32, f64> = HashMap::new();
-    let mut longest: f64 = 0.0;
+    let (mut longest, mut outside): (f64, f64) = (0.0, 0.0);
     for c in commits {
         match newest.get_mut(&c.partition) {
             None => {
                 newest.insert(c.partition, c.at);
             }
             Some(n) => {
-                longest = longest.max(c.at - *n);
+                let gap = c.at - *n;
+                let inside: f64 = outages
+                    .iter()
+                    .map(|(a, b)| (c.at.min(*b) - n.max(*a)).max(0.0))
+                    .sum();
+                longest = longest.max(gap);
+                outside = outside.max(gap - inside);
                 *n = n.max(c.at);
             }
         }
     }
-    longest
+    (longest, outside)
 }
 
 /// Kafka's committed offsets against PostgreSQL's stored ones every 250 ms (see
@@ -399,8 +408,10 @@ mod tests {
             c(0, 9.0, 30),
             c(1, 2.0, 20),
         ];
-        assert_eq!(longest_stall(&commits), 7.0);
-        assert_eq!(longest_stall(&[]), 0.0);
-        assert_eq!(longest_stall(&commits[..2]), 0.0);
+        assert_eq!(longest_stall(&commits, &[]), (7.0, 7.0));
+        // An outage by design from 3 to 8: 5 of partition 0's 7 s fall inside it.
+        assert_eq!(longest_stall(&commits, &[(3.0, 8.0)]), (7.0, 2.0));
+        assert_eq!(longest_stall(&[], &[]), (0.0, 0.0));
+        assert_eq!(longest_stall(&commits[..2], &[]), (0.0, 0.0));
     }
 }
