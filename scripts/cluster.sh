@@ -6,14 +6,17 @@
 # Quiet: stderr carries errors only (CLUSTER_VERBOSE=1 shows progress); stdout only what a
 # command reports, as said below. Nodes are numbered: Kafka 1..3, PostgreSQL 1 and 2.
 #
-#   up                  start what is not running; waits for 3 brokers in the metadata and the
-#                       standby streaming (sync, or async with PG_REPLICATION=async); prints env
+#   up                  start what is not running (an old primary left by a failover is rebuilt
+#                       as the standby); waits for 3 brokers in the metadata and the standby
+#                       streaming; prints env. PG_REPLICATION=sync|async sets the mode (kept
+#                       for later runs; default sync); KAFKA_NODE_HEAP (512m) each broker's heap
 #   down                stop everything; leaves no process of theirs behind
 #   status | logs       what runs where | paths of the log files
 #   env                 print $STACK_DIR/env (KAFKA_BROKERS, DATABASE_URL, KAFKA_NODE1..3,
 #                       PG_NODE1_URL, PG_NODE2_URL, STACK_TOPOLOGY, STACK_DIR)
 #   reset               down, then delete the data (keeps the jars)
-#   kafka CLASS ARGS... run a Kafka tool with the brokers' class path
+#   kafka CLASS ARGS... run a Kafka tool with the brokers' class path (its log goes to
+#                       $STACK_DIR/kafka/logs/server.log, not to stderr)
 #   kafka-signal N SIG  send SIG (TERM, KILL, STOP, CONT, ...) to Kafka node N; TERM and KILL
 #                       return once it has exited (a paused node gets CONT after TERM)
 #   kafka-start N       start Kafka node N unless it runs; returns once it is in the metadata
@@ -752,7 +755,7 @@ case "${1:-}" in
     pgq "$p" "select pg_wal_lsn_diff('$primary_lsn', '$standby_lsn')::bigint"
     ;;
   *)
-    sed -n '2,40p' "$0" >&2
+    sed -n '2,46p' "$0" >&2
     exit 2
     ;;
 esac
