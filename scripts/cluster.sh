@@ -755,7 +755,7 @@ case "${1:-}" in
     pgq "$p" "select pg_wal_lsn_diff('$primary_lsn', '$standby_lsn')::bigint"
     ;;
   *)
-    sed -n '2,46p' "$0" >&2
+    sed -n '2,45p' "$0" >&2
     exit 2
     ;;
 esac
