@@ -9,7 +9,7 @@ export STACK_DIR ?= $(CURDIR)/.stack
 # Every command that talks to the stack reads its addresses from $(STACK_DIR)/env.
 WITH_ENV := source $(STACK_DIR)/env &&
 
-.PHONY: up down status build migrate lint test demo bench microbench chaos
+.PHONY: up down status build migrate lint test demo bench microbench chaos chaos-cluster cluster-up cluster-down
 
 up:
 	@$(STACK) up >/dev/null
@@ -40,8 +40,10 @@ monitoring-check:
 DEBUG_FEATURES := --features effectively/failpoints
 
 # Every test, the short chaos subset (and its hard bounce under the inbox strategy), a short
-# out-of-order order-status stream (versioned writes, full-state and delta), then a short demo
-# run (10 s at 500 msg/s) that must verify.
+# out-of-order order-status stream (versioned writes, full-state and delta), a short demo run
+# (10 s at 500 msg/s) that must verify, then one short failover scenario on the cluster stack
+# (an asynchronous standby promoted without the primary's last commits: nothing lost) and the
+# cluster stopped again.
 test: up lint monitoring-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) cargo test --workspace $(DEBUG_FEATURES)
@@ -51,6 +53,9 @@ test: up lint monitoring-check migrate
 	$(WITH_ENV) target/debug/loadgen orders --quick --mode delta
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
 	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_VIA_OUTBOX=1 scripts/demo.sh
+	$(MAKE) --no-print-directory cluster-up
+	status=0; $(WITH_CLUSTER) target/debug/loadgen chaos-cluster --quick || status=1; \
+	$(CLUSTER) down; exit $$status
 
 # Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
 # half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE, DEMO_VIA_OUTBOX change it.
@@ -85,4 +90,29 @@ chaos: up migrate
 	$(WITH_ENV) target/debug/loadgen orders --strategy inbox --bounce || status=1; \
 	$(WITH_ENV) target/debug/loadgen orders --mode delta || status=1; \
 	$(WITH_ENV) target/debug/loadgen orders --mode delta --strategy inbox --bounce || status=1; \
+	exit $$status
+
+# The cluster stack (scripts/cluster.sh): three KRaft brokers (replication factor 3, min ISR 2)
+# and a PostgreSQL primary with a hot standby, under .stack-cluster/, apart from the default stack.
+CLUSTER_DIR := $(CURDIR)/.stack-cluster
+CLUSTER := STACK_DIR=$(CLUSTER_DIR) scripts/cluster.sh
+WITH_CLUSTER := source $(CLUSTER_DIR)/env &&
+
+cluster-up:
+	@$(CLUSTER) up >/dev/null
+	$(WITH_CLUSTER) cargo run -q --bin effectively $(DEBUG_FEATURES) -- migrate >/dev/null
+
+cluster-down:
+	@$(CLUSTER) down
+
+# Failover: every scenario of docs/RELIABILITY.md "Failover scenarios" (Kafka leader bounces, a
+# paused leader, two brokers down, a rolling restart; PostgreSQL switchover, crash, standby down,
+# pause-and-fence, an asynchronous standby that lacks the last commits; both at once) with the
+# batch strategy, then the inbox strategy. Writes target/chaos/cluster-report.json and
+# cluster-report-inbox.json. About 25 minutes; leaves the cluster running (make cluster-down).
+chaos-cluster: cluster-up
+	cargo build -q --workspace --bins $(DEBUG_FEATURES)
+	status=0; \
+	$(WITH_CLUSTER) target/debug/loadgen chaos-cluster || status=1; \
+	$(WITH_CLUSTER) target/debug/loadgen chaos-cluster --strategy inbox || status=1; \
 	exit $$status
