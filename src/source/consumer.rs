@@ -514,7 +514,9 @@ impl Source {
         };
         let result = tokio::time::timeout(self.transaction_deadline, claims)
             .await
-            .unwrap_or(Err(crate::store::StoreError::Timeout(self.transaction_deadline)));
+            .unwrap_or(Err(crate::store::StoreError::Timeout(
+                self.transaction_deadline,
+            )));
         if result.is_err() {
             // Closed, frozen or read-only: not for the next claim (see `pool::discard`).
             crate::store::pool::discard(client);
