@@ -289,6 +289,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     c.group_id(),
                     c.handler
                 );
+                println!(
+                    "    offsets: auto_offset_reset {} (no stored offset), on_offset_out_of_range {} (a stored offset outside the log)",
+                    c.auto_offset_reset.as_librdkafka(),
+                    c.on_offset_out_of_range.as_str()
+                );
                 if let Some(v) = &c.version {
                     println!(
                         "    versions: aggregate {}, version {}, mode {:?}",

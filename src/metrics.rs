@@ -58,6 +58,8 @@ pub const PREFILTER_LOOKUPS: &str = "effectively_prefilter_lookups_total";
 pub const PREFILTER_SETS: &str = "effectively_prefilter_sets_total";
 pub const PREFILTER_ERRORS: &str = "effectively_prefilter_errors_total";
 pub const PREFILTER_DURATION: &str = "effectively_prefilter_duration_seconds";
+pub const OFFSET_OUT_OF_RANGE: &str = "effectively_offset_out_of_range";
+pub const OFFSET_OUT_OF_RANGE_RESETS: &str = "effectively_offset_out_of_range_resets_total";
 
 /// Every metric name, for tests that check dashboards and alert rules against them.
 pub const ALL: &[&str] = &[
@@ -104,6 +106,8 @@ pub const ALL: &[&str] = &[
     PREFILTER_SETS,
     PREFILTER_ERRORS,
     PREFILTER_DURATION,
+    OFFSET_OUT_OF_RANGE,
+    OFFSET_OUT_OF_RANGE_RESETS,
 ];
 
 /// Where `effectively run` serves `/metrics` unless told otherwise.
@@ -363,6 +367,16 @@ fn describe() {
         POOL_CONNECTIONS,
         Unit::Count,
         "PostgreSQL connections of the pool, by state: in_use, idle."
+    );
+    describe_gauge!(
+        OFFSET_OUT_OF_RANGE,
+        Unit::Count,
+        "1 while a partition is stopped because the offset PostgreSQL stores for it is outside the partition's log, by end: above (past the log end: the topic recreated, an unclean leader election) or below (before the log start: retention deleted records never applied). on_offset_out_of_range = \"stop\"; nothing of the partition is read until an operator acts."
+    );
+    describe_counter!(
+        OFFSET_OUT_OF_RANGE_RESETS,
+        Unit::Count,
+        "Partitions moved to the log start or end because their offset was outside the log (on_offset_out_of_range = \"earliest\" or \"latest\"), by end: above or below."
     );
 }
 
@@ -723,4 +737,27 @@ impl PrefilterMetrics {
         counter!(PREFILTER_ERRORS, "consumer" => self.consumer.clone(), "op" => op.as_str(), "kind" => kind)
             .increment(1);
     }
+}
+
+/// Publishes a partition's out-of-range series: the gauge at 1 for the `held` end (`above` or
+/// `below`) and 0 for the other (both 0 when `None`), the reset counters at 0 so that
+/// `increase()` sees the first reset.
+pub fn offset_range(consumer: &str, topic: &str, partition: i32, held: Option<&str>) {
+    for end in ["above", "below"] {
+        let labels = [
+            ("consumer", consumer.to_string()),
+            ("topic", topic.to_string()),
+            ("partition", partition.to_string()),
+            ("end", end.to_string()),
+        ];
+        gauge!(OFFSET_OUT_OF_RANGE, &labels).set(if held == Some(end) { 1.0 } else { 0.0 });
+        counter!(OFFSET_OUT_OF_RANGE_RESETS, &labels).increment(0);
+    }
+}
+
+/// The policy moved a partition whose offset was outside the log (`end`: above or below).
+pub fn offset_range_reset(consumer: &str, topic: &str, partition: i32, end: &str) {
+    counter!(OFFSET_OUT_OF_RANGE_RESETS, "consumer" => consumer.to_string(),
+        "topic" => topic.to_string(), "partition" => partition.to_string(), "end" => end.to_string())
+    .increment(1);
 }

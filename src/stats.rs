@@ -28,6 +28,13 @@ pub struct Stats {
     pub rebalances: AtomicU64,
     /// Where PostgreSQL has each (topic, partition) this worker holds.
     committed: Mutex<BTreeMap<(String, i32), i64>>,
+    /// Partitions moved to the log start or end because their stored offset was outside the
+    /// log (`on_offset_out_of_range = "earliest" | "latest"`).
+    pub offset_resets: AtomicU64,
+    /// Partitions held (not consumed) because their stored offset is outside the log, with
+    /// the end it is past and the epoch of the claim that found it
+    /// (`on_offset_out_of_range = "stop"`).
+    out_of_range: Mutex<BTreeMap<(String, i32), (crate::source::range::End, i64)>>,
 }
 
 /// A copy of the counters at one moment.
@@ -47,6 +54,7 @@ pub struct Snapshot {
     pub fenced: u64,
     pub went_back: u64,
     pub rebalances: u64,
+    pub offset_resets: u64,
 }
 
 impl Stats {
@@ -126,6 +134,36 @@ impl Stats {
             fenced: self.fenced.load(Relaxed),
             went_back: self.went_back.load(Relaxed),
             rebalances: self.rebalances.load(Relaxed),
+            offset_resets: self.offset_resets.load(Relaxed),
         }
+    }
+
+    pub fn offset_reset(&self) {
+        self.offset_resets.fetch_add(1, Relaxed);
+    }
+
+    /// The partition is held (`Some`: its stored offset is past that end of the log, found by
+    /// the claim of that epoch) or not (`None`).
+    pub fn out_of_range(
+        &self,
+        topic: &str,
+        partition: i32,
+        held: Option<(crate::source::range::End, i64)>,
+    ) {
+        let mut map = self.out_of_range.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (topic.to_string(), partition);
+        match held {
+            Some(h) => map.insert(key, h),
+            None => map.remove(&key),
+        };
+    }
+
+    /// The partitions this worker holds because their stored offset is outside the log, with
+    /// the end and the claim's epoch.
+    pub fn held_out_of_range(&self) -> BTreeMap<(String, i32), (crate::source::range::End, i64)> {
+        self.out_of_range
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }

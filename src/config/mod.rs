@@ -230,6 +230,12 @@ pub struct ConsumerConfig {
     /// librdkafka's `latest`: better to apply old events than to skip them.
     #[serde(default)]
     pub auto_offset_reset: OffsetReset,
+    /// What a partition does when the offset PostgreSQL stores for it lies outside the
+    /// partition's log (above its end: the topic recreated, an unclean leader election; below
+    /// its start: retention ran past the consumer). Default `stop`: never skip or re-read
+    /// silently (see `crate::source::range`).
+    #[serde(default)]
+    pub on_offset_out_of_range: OutOfRange,
     #[serde(default)]
     pub batch: BatchConfig,
     #[serde(default = "default_message_id")] // { header = "event_id" }
@@ -321,6 +327,30 @@ impl OffsetReset {
         match self {
             OffsetReset::Earliest => "earliest",
             OffsetReset::Latest => "latest",
+        }
+    }
+}
+
+/// `on_offset_out_of_range`: where a partition goes when its stored offset is outside the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutOfRange {
+    /// Consume nothing of the partition (it stays assigned), log an error and raise the
+    /// `effectively_offset_out_of_range` gauge until an operator acts.
+    #[default]
+    Stop,
+    /// Go to the log start (re-reads what is there; the dedupe keys skip what was applied).
+    Earliest,
+    /// Go to the log end (skips what is there).
+    Latest,
+}
+
+impl OutOfRange {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OutOfRange::Stop => "stop",
+            OutOfRange::Earliest => "earliest",
+            OutOfRange::Latest => "latest",
         }
     }
 }
@@ -821,6 +851,7 @@ topics = ["payments"]
 strategy = "batch"          # or "per-message", or "inbox" (see the last consumer)
 handler = { kind = "cashback", rate_bp = 200 }
 auto_offset_reset = "earliest"   # only for partitions PostgreSQL has no offset for
+on_offset_out_of_range = "stop"  # a stored offset outside the log: "stop", "earliest" or "latest"
 message_id = { header = "event_id" }   # or { json_pointer = "/event_id" }; a UUID
 event_date = "auto"         # "/occurred_at" if present, else the UUIDv7 id's time
 max_payload_bytes = 1048576 # bigger payloads are parked as oversized
@@ -1006,6 +1037,7 @@ mod tests {
             }
         );
         assert_eq!(c.auto_offset_reset, OffsetReset::Earliest);
+        assert_eq!(c.on_offset_out_of_range, OutOfRange::Stop);
         assert_eq!(c.batch.max_messages, 1000);
         assert_eq!(c.batch.max_bytes, 4_194_304);
         assert_eq!(c.batch.linger, 5 * MS);
@@ -1040,6 +1072,12 @@ mod tests {
         assert_eq!(latest.as_librdkafka(), "latest");
         let earliest = c("auto_offset_reset = \"earliest\"").auto_offset_reset;
         assert_eq!(earliest.as_librdkafka(), "earliest");
+        for policy in [OutOfRange::Stop, OutOfRange::Earliest, OutOfRange::Latest] {
+            let line = format!("on_offset_out_of_range = \"{}\"", policy.as_str());
+            assert_eq!(c(&line).on_offset_out_of_range, policy);
+        }
+        assert!(is_parse_error(&with("on_offset_out_of_range = \"none\"")));
+        assert!(is_parse_error(&with("on_offset_out_of_range = \"Stop\"")));
         let header = c("message_id = { header = \"id\" }").message_id;
         assert_eq!(header, MessageIdSource::Header("id".into()));
         let pointer = c("message_id = { json_pointer = \"/id\" }").message_id;

@@ -102,6 +102,20 @@ impl ClientContext for RebalanceContext {
             }
         }
     }
+
+    /// librdkafka also reports a fetch outside the log (`auto.offset.reset = error`) here, as
+    /// a "global" error; the partition's task gets it on its queue and says what it does
+    /// about it (see `range`), so this copy is only worth a debug line.
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(rdkafka::types::RDKafkaErrorCode::AutoOffsetReset)
+        ) {
+            tracing::debug!(consumer = %self.name, %error, reason, "librdkafka: fetch outside the log");
+        } else {
+            tracing::error!(consumer = %self.name, %error, reason, "librdkafka error");
+        }
+    }
 }
 
 impl ConsumerContext for RebalanceContext {

@@ -3,6 +3,7 @@
 
 pub mod consumer;
 pub mod partition;
+pub mod range;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -16,6 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use super::consumer::RebalanceContext;
+use super::range;
 use crate::batch::{Batch, Raw, Record};
 use crate::config::{BatchConfig, ConsumerConfig};
 use crate::envelope::Decoder;
@@ -40,6 +41,8 @@ pub struct PartitionTask {
     pub next_offset: Option<i64>,
     /// The count bound of the next batch: `batch.max_messages`, grown while catching up.
     pub limit: usize,
+    /// Set when librdkafka reports the fetch position outside the log (see [`range`]).
+    pub out_of_range: range::Seen,
 }
 
 /// How a partition task ended.
@@ -59,7 +62,15 @@ pub enum Exit {
 impl PartitionTask {
     pub async fn run(mut self) -> Exit {
         let cancel = self.ctx.cancel.clone();
+        // Stopped by the claim: its stored offset is outside the log.
+        if let Some(exit) = range::at_start(&mut self).await {
+            return exit;
+        }
         loop {
+            // The last batch is committed: where librdkafka could not fetch on from it.
+            if let Some(exit) = range::after_reset_error(&mut self).await {
+                return exit;
+            }
             let mut batch = match self.next_batch(&cancel).await {
                 Some(b) => b,
                 None => return Exit::Stopped,
@@ -177,6 +188,14 @@ impl PartitionTask {
     fn take(&self, m: Result<BorrowedMessage<'_>, rdkafka::error::KafkaError>, batch: &mut Batch) {
         let m = match m {
             Ok(m) => m,
+            Err(e) if range::is_out_of_range(&e) => {
+                // librdkafka stopped fetching the partition; the task handles it once the
+                // batch collected so far is committed.
+                tracing::warn!(consumer = %self.ctx.consumer, topic = %self.ctx.topic,
+                    partition = self.ctx.partition, error = %e, "the fetch position is outside the partition's log");
+                self.out_of_range.set();
+                return;
+            }
             Err(e) => {
                 tracing::warn!(consumer = %self.ctx.consumer, topic = %self.ctx.topic,
                     partition = self.ctx.partition, error = %e, "kafka error on partition queue");
