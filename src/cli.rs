@@ -104,6 +104,17 @@ pub enum Command {
         #[arg(long)]
         metrics_addr: Option<String>,
     },
+    /// Serve the web console (the config's `[console]`) until SIGTERM or SIGINT: lag, parked
+    /// messages, the inbox, the outbox, notifications; redrive, replay and discard only with
+    /// `writes = true`. Loopback unless a token is configured.
+    Console {
+        /// The TOML config file (`DATABASE_URL` and `KAFKA_BROKERS` override it).
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+        /// Where to listen (host:port), instead of `console.addr` (default 127.0.0.1:9470).
+        #[arg(long)]
+        addr: Option<std::net::SocketAddr>,
+    },
     /// A notification provider stub with Stripe-like idempotency keys (for demos and tests; see
     /// `src/provider_stub.rs`), until SIGTERM or SIGINT.
     #[command(hide = true)]
@@ -238,6 +249,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             let sender = crate::sender::Sender::new(&config)?;
             until_signal("notification sender", |stop| sender.run(stop)).await
         }
+        Command::Console { config, addr } => {
+            let config = Config::load(&config)?;
+            crate::console::serve(config, addr, shutdown_signal()).await?;
+            Ok(())
+        }
         Command::ProviderStub { addr } => {
             crate::provider_stub::serve(addr, shutdown_signal()).await?;
             Ok(())
@@ -318,6 +334,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             if let Some(s) = &config.sender {
                 let channels: Vec<&String> = s.channels.keys().collect();
                 println!("  sender: channels {channels:?}, batch {}", s.batch);
+            }
+            if let Some(c) = &config.console {
+                let token = match (&c.token_env, &c.token_file) {
+                    (Some(v), _) => format!("token from ${v}"),
+                    (_, Some(f)) => format!("token from {}", f.display()),
+                    _ => "no token".into(),
+                };
+                println!(
+                    "  console: {}, {token}, {}, mask {:?}",
+                    c.addr,
+                    if c.writes { "writes on" } else { "read-only" },
+                    c.mask
+                );
             }
             if connect {
                 let kafka = config.kafka.clone();

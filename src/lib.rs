@@ -9,8 +9,11 @@
 //!
 //! Each module uses only the ones listed below it.
 //!
-//! - [`cli`]: the command line (`effectively run | relay | send | migrate | check-config | inbox
-//!   | retention`).
+//! - [`cli`]: the command line (`effectively run | relay | send | console | migrate |
+//!   check-config | inbox | retention`).
+//! - [`console`]: the web console: server-rendered pages of lag, parked messages, the inbox,
+//!   the outbox and notifications, and the operator's actions behind typed confirmations; its
+//!   read-only queries in [`store::browse`].
 //! - [`worker`]: wires config, pool, handlers and one source per consumer; shutdown.
 //! - [`relay`]: the outbox relay: publishes `outbox` rows to Kafka in order per aggregate.
 //! - [`sender`]: the notification sender: delivers `notifications` to providers with
@@ -44,6 +47,7 @@ pub mod batch;
 pub mod ceiling;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod envelope;
 pub mod handler;
 pub mod inbox;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use humantime_serde::re::humantime::format_duration;
 use serde::{Deserialize, Deserializer};
 
+mod console;
 mod inbox;
 pub mod kafka_security;
 mod prefilter;
@@ -19,6 +20,7 @@ mod relay;
 mod sender;
 mod tls;
 mod version;
+pub use console::{check_addr as check_console_addr, ConsoleConfig, DEFAULT_CONSOLE_ADDR};
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
 pub use kafka_security::{KafkaSasl, KafkaTls, SaslMechanism};
 pub use prefilter::{PrefilterConfig, Ttl};
@@ -66,6 +68,9 @@ pub struct Config {
     /// `[sender]`: the notification sender's settings (`effectively send`).
     #[serde(default)]
     pub sender: Option<SenderConfig>,
+    /// `[console]`: the web console's settings (`effectively console`); absent, its defaults.
+    #[serde(default)]
+    pub console: Option<ConsoleConfig>,
 }
 
 /// `[kafka]`. `Debug` is by hand so that credentials in `options` are never printed.
@@ -634,15 +639,24 @@ impl Config {
         if let Err(e) = self.database.tls.resolve(self.database.url.expose()) {
             problems.push(e);
         }
-        if self.consumers.is_empty() && self.relay.is_none() && self.sender.is_none() {
-            problems
-                .push("at least one [[consumer]] (or a [relay] or [sender]) is required".into());
+        if self.consumers.is_empty()
+            && self.relay.is_none()
+            && self.sender.is_none()
+            && self.console.is_none()
+        {
+            problems.push(
+                "at least one [[consumer]] (or a [relay], [sender] or [console]) is required"
+                    .into(),
+            );
         }
         if let Some(r) = &self.relay {
             problems.extend(r.problems());
         }
         if let Some(s) = &self.sender {
             problems.extend(s.problems());
+        }
+        if let Some(c) = &self.console {
+            problems.extend(c.problems());
         }
         // Each processor holds a connection for its whole round; the receivers, maintenance and
         // the gauges need theirs too, or they wait for a processor to finish.
@@ -950,6 +964,16 @@ published = "keep"          # or "delete"
 # url = "https://sms.example/v1/messages"
 # lookup = true              # the provider answers GET url?idempotency_key=K
 # on_interrupted = "resend"  # or "skip", when it cannot be asked
+
+# `effectively console`: the web console (lag, parked messages, inbox, outbox, notifications,
+# and with writes = true redrive, replay and discard). Without this section: these defaults.
+# [console]
+# addr = "127.0.0.1:9470"    # any non-loopback address needs a token
+# token_env = "EFFECTIVELY_CONSOLE_TOKEN"   # or token_file = "/run/secrets/console-token"
+# writes = false             # read-only: every POST is refused
+# mask = ["/card/number"]    # JSON pointers shown as *** on every page
+# refresh = "5s"             # pages reload themselves (each has a Pause link); "0s": never
+# page_size = 50
 "#;
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! that dedupe keys, the effect, dead letters and the stored offset compose into one
 //! transaction. The SQL sits in named constants next to the code that runs it.
 
+pub mod browse;
 pub mod copy;
 pub mod dead_letters;
 pub mod dedupe;

@@ -1,0 +1,335 @@
+//! The web console (`effectively console`): server-rendered HTML, from this binary, for the
+//! operator who asks "what is waiting, and why?".
+//!
+//! Pages: the overview (per consumer: lag and rate per partition, the inbox's counts, dead
+//! letters by reason; the outbox's backlog; notifications by status), parked messages (dead
+//! letters and FAILED inbox rows in one filtered list, and each message's page), the inbox by
+//! status with held version gaps, the outbox, notifications, and the audit log of operator
+//! actions. With `console.writes = true`, the actions: redrive, replay, discard and retry, for
+//! one row or every row matching a filter, each behind a typed confirmation (`actions`).
+//!
+//! It sits above `store/` and `operator/`: it reads through [`crate::store::browse`] and the
+//! parked rows' queries, and changes things only through [`crate::operator`], the same
+//! functions the CLI calls, which write the audit row in the change's own transaction.
+//!
+//! Templates are askama's (`templates/console/`), compiled into the binary and escaped by
+//! default; the one stylesheet is embedded too. No JavaScript: the live refresh is a
+//! `<meta http-equiv="refresh">` that a "Pause" link turns off (`?refresh=off`), so the
+//! Content-Security-Policy can forbid every script ([`auth`]).
+
+pub mod auth;
+pub mod lag;
+pub mod mask;
+mod pages;
+pub mod render;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use askama::Template;
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use deadpool_postgres::Pool;
+
+use crate::config::{Config, ConsoleConfig, Secret, Strategy};
+use crate::store::{pool, StoreError};
+
+/// Why the console could not start, or a page could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    #[error("console: {0}")]
+    Config(String),
+    #[error("console: cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("console: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Pool(#[from] pool::PoolError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("template: {0}")]
+    Template(#[from] askama::Error),
+    /// A page for something that does not exist (an id no row has).
+    #[error("{0}")]
+    NotFound(String),
+    /// A request the page cannot make sense of (a malformed filter).
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+impl From<deadpool_postgres::PoolError> for ConsoleError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        ConsoleError::Store(StoreError::Pool(e))
+    }
+}
+
+impl From<tokio_postgres::Error> for ConsoleError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        ConsoleError::Store(StoreError::Postgres(e))
+    }
+}
+
+impl IntoResponse for ConsoleError {
+    fn into_response(self) -> Response {
+        let (status, title) = match &self {
+            ConsoleError::NotFound(_) => (StatusCode::NOT_FOUND, "Not found"),
+            ConsoleError::BadRequest(_) => (StatusCode::BAD_REQUEST, "Bad request"),
+            _ => {
+                tracing::warn!(error = %self, "console: page failed");
+                (StatusCode::INTERNAL_SERVER_ERROR, "Error")
+            }
+        };
+        error_page(status, title, &self.to_string())
+    }
+}
+
+/// A consumer of the config, as the pages list it.
+#[derive(Debug, Clone)]
+pub struct ConsumerInfo {
+    pub name: String,
+    pub topics: Vec<String>,
+    pub strategy: &'static str,
+    /// Inbox strategy, or versioned writes (whose gaps wait in the inbox).
+    pub uses_inbox: bool,
+}
+
+/// What every handler shares.
+pub struct Shared {
+    pub(crate) pool: Pool,
+    pub(crate) settings: ConsoleConfig,
+    pub(crate) token: Option<Secret>,
+    pub(crate) mask: mask::Mask,
+    pub(crate) consumers: Vec<ConsumerInfo>,
+    pub(crate) watermarks: lag::Watermarks,
+    pub(crate) rates: lag::Rates,
+}
+
+/// A console bound to its address, not yet serving (tests bind `127.0.0.1:0` and read
+/// [`Bound::addr`]).
+pub struct Bound {
+    pub addr: SocketAddr,
+    listener: tokio::net::TcpListener,
+    router: Router,
+}
+
+/// Checks the settings, reads the token, opens the pool and binds. `addr` (`--addr`) overrides
+/// `console.addr`, under the same rule: not loopback, then a token.
+pub async fn bind(config: &Config, addr: Option<SocketAddr>) -> Result<Bound, ConsoleError> {
+    let mut settings = config.console.clone().unwrap_or_default();
+    if let Some(a) = addr {
+        settings.addr = a;
+    }
+    let mut problems = settings.problems();
+    let token = settings.token().unwrap_or_else(|e| {
+        problems.push(e);
+        None
+    });
+    if !problems.is_empty() {
+        return Err(ConsoleError::Config(problems.join("; ")));
+    }
+    // A wrong URL, CA or password stops the start, not every page.
+    pool::connect_to(&config.database).await?;
+    let opts = pool::PoolOptions {
+        size: 4,
+        connect_timeout: config.database.connect_timeout,
+        idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
+    };
+    let shared = Arc::new(Shared {
+        pool: pool::build_for(&config.database, &opts)?,
+        mask: mask::Mask::new(&settings.mask),
+        token,
+        consumers: (config.consumers.iter())
+            .map(|c| ConsumerInfo {
+                name: c.name.clone(),
+                topics: c.topics.clone(),
+                strategy: match c.strategy {
+                    Strategy::Batch => "batch",
+                    Strategy::PerMessage => "per-message",
+                    Strategy::Inbox => "inbox",
+                },
+                uses_inbox: c.strategy == Strategy::Inbox || c.version.is_some(),
+            })
+            .collect(),
+        watermarks: lag::Watermarks::new(&config.kafka),
+        rates: lag::Rates::default(),
+        settings,
+    });
+    let listener = tokio::net::TcpListener::bind(shared.settings.addr)
+        .await
+        .map_err(|source| ConsoleError::Bind {
+            addr: shared.settings.addr,
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    Ok(Bound {
+        addr,
+        listener,
+        router: router(shared),
+    })
+}
+
+impl Bound {
+    /// Serves until `shutdown` resolves; requests in flight finish.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(
+            self.listener,
+            self.router
+                .into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await
+    }
+}
+
+/// [`bind`], then [`Bound::run`]: what `effectively console` does.
+pub async fn serve(
+    config: Config,
+    addr: Option<SocketAddr>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ConsoleError> {
+    let bound = bind(&config, addr).await?;
+    let writes = config.console.as_ref().is_some_and(|c| c.writes);
+    tracing::info!(
+        addr = %bound.addr,
+        writes,
+        "console listening on http://{}/",
+        bound.addr
+    );
+    bound.run(shutdown).await?;
+    Ok(())
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/", get(pages::overview::page))
+        .route("/inbox", get(pages::inbox::page))
+        .route("/outbox", get(pages::outbox::page))
+        .route("/notifications", get(pages::notifications::page))
+        .route("/static/console.css", get(stylesheet))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            auth::guard,
+        ))
+        .with_state(shared)
+}
+
+/// The one stylesheet, written for the console (no framework), embedded in the binary.
+const CSS: &str = include_str!("../../templates/console/console.css");
+
+async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        CSS,
+    )
+        .into_response()
+}
+
+async fn not_found(uri: Uri) -> Response {
+    error_page(
+        StatusCode::NOT_FOUND,
+        "Not found",
+        &format!("No page at {}.", uri.path()),
+    )
+}
+
+/// The frame around every page: title, navigation, live refresh.
+#[derive(Debug, Clone)]
+pub struct Chrome {
+    pub title: String,
+    /// Which navigation entry is current.
+    pub nav: &'static str,
+    /// Seconds between reloads, when the page reloads itself now.
+    pub refresh: Option<u64>,
+    /// The link that pauses the reloads (when they run).
+    pub pause: Option<String>,
+    /// The link that resumes them (when paused).
+    pub resume: Option<String>,
+    pub writes: bool,
+}
+
+impl Chrome {
+    /// `live`: the page refreshes itself unless `?refresh=off` is in `uri`.
+    pub fn new(
+        shared: &Shared,
+        title: impl Into<String>,
+        nav: &'static str,
+        uri: &Uri,
+        live: bool,
+    ) -> Chrome {
+        let mut c = Chrome {
+            title: title.into(),
+            nav,
+            refresh: None,
+            pause: None,
+            resume: None,
+            writes: shared.settings.writes,
+        };
+        let every = shared.settings.refresh.as_secs();
+        if !live || every == 0 {
+            return c;
+        }
+        let query = uri.query().unwrap_or_default();
+        let kept: Vec<&str> = (query.split('&'))
+            .filter(|p| !p.is_empty() && !p.starts_with("refresh="))
+            .collect();
+        let with = |extra: Option<&str>| {
+            let mut parts = kept.clone();
+            parts.extend(extra);
+            match parts.is_empty() {
+                true => uri.path().to_string(),
+                false => format!("{}?{}", uri.path(), parts.join("&")),
+            }
+        };
+        if query.split('&').any(|p| p == "refresh=off") {
+            c.resume = Some(with(None));
+        } else {
+            c.refresh = Some(every);
+            c.pause = Some(with(Some("refresh=off")));
+        }
+        c
+    }
+}
+
+#[derive(Template)]
+#[template(path = "console/error.html")]
+struct ErrorPage<'a> {
+    c: Chrome,
+    message: &'a str,
+}
+
+/// An error or refusal as a page of the console's own look.
+pub(crate) fn error_page(status: StatusCode, title: &str, message: &str) -> Response {
+    let page = ErrorPage {
+        c: Chrome {
+            title: title.to_string(),
+            nav: "",
+            refresh: None,
+            pause: None,
+            resume: None,
+            writes: false,
+        },
+        message,
+    };
+    match page.render() {
+        Ok(html) => (status, Html(html)).into_response(),
+        Err(_) => (status, message.to_string()).into_response(),
+    }
+}
+
+/// Renders a page, or its error as a page.
+pub(crate) fn html<T: Template>(page: T) -> Result<Response, ConsoleError> {
+    Ok(Html(page.render()?).into_response())
+}

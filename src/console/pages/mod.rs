@@ -1,0 +1,58 @@
+//! One file per page: each gathers its rows through `store`, turns them into display strings
+//! (`render`), and fills its template. The templates hold no logic beyond loops and ifs.
+
+pub mod inbox;
+pub mod notifications;
+pub mod outbox;
+pub mod overview;
+
+/// A query parameter as forms send it: an empty field is no filter.
+pub(crate) fn given(v: &Option<String>) -> Option<&str> {
+    v.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// `?a=1&b=2` from pairs, each value URL-encoded, empty ones left out.
+pub(crate) fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let parts: Vec<String> = (pairs.iter())
+        .filter_map(|(k, v)| {
+            let v = v.as_deref().filter(|v| !v.is_empty())?;
+            Some(format!("{k}={}", encode(v)))
+        })
+        .collect();
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!("?{}", parts.join("&")),
+    }
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986).
+pub(crate) fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_drop_empty_values_and_encode_the_rest() {
+        assert_eq!(
+            query(&[
+                ("consumer", Some("a b".into())),
+                ("reason", None),
+                ("x", Some(String::new()))
+            ]),
+            "?consumer=a%20b"
+        );
+        assert_eq!(query(&[]), "");
+        assert_eq!(given(&Some("  ".into())), None);
+    }
+}
