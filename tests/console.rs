@@ -1,0 +1,306 @@
+//! The web console against the real Kafka and PostgreSQL: a worker in-process parks real
+//! messages (a missing event id, an undecodable payload, a payment without its payment id that
+//! carries a card number) under a batch consumer and an inbox consumer; then the console is
+//! started in-process on 127.0.0.1:0 and asked over HTTP.
+//!
+//! Pages, filters, the security defaults (token, read-only, cross-site refusal, CSP), masking,
+//! the actions with their confirmations, a crawler that follows every link from the overview,
+//! and headless Chromium rendering two pages (screenshots into docs/img/).
+
+mod common;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use effectively::config::Config;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
+
+/// The card number the masked payloads carry: no page may ever show it.
+const CARD: &str = "4111 1111 1111 1111";
+
+/// One test's world: a topic, two consumers with parked rows, a FAILED notification.
+struct World {
+    topic: String,
+    batch: String,
+    inbox: String,
+    channel: String,
+    /// The poison payment's event id (no payment_id, a card number).
+    card_event: uuid::Uuid,
+}
+
+fn config_text(w: &World, console: &str) -> String {
+    format!(
+        r#"
+[kafka]
+brokers = "{brokers}"
+session_timeout = "10s"
+[kafka.options]
+"heartbeat.interval.ms" = "500"
+"topic.metadata.refresh.interval.ms" = "1000"
+[database]
+url = "{db}"
+pool_size = 8
+[worker]
+revoke_deadline = "5s"
+[[consumer]]
+name = "{batch}"
+topics = ["{topic}"]
+handler = {{ kind = "cashback" }}
+[[consumer]]
+name = "{inbox}"
+topics = ["{topic}"]
+strategy = "inbox"
+handler = {{ kind = "cashback" }}
+retry = {{ max_attempts = 1, initial_backoff = "10ms", max_backoff = "10ms" }}
+[consumer.inbox]
+processors = 1
+[console]
+addr = "127.0.0.1:0"
+mask = ["/card/number"]
+{console}
+"#,
+        brokers = kafka_brokers(),
+        db = database_url(),
+        batch = w.batch,
+        inbox = w.inbox,
+        topic = w.topic,
+    )
+}
+
+async fn send(topic: &str, partition: i32, event_id: Option<uuid::Uuid>, payload: &[u8]) {
+    let p = producer();
+    let mut headers = OwnedHeaders::new();
+    let id = event_id.map(|e| e.to_string());
+    if let Some(id) = &id {
+        headers = headers.insert(Header {
+            key: "event_id",
+            value: Some(id.as_bytes()),
+        });
+    }
+    let headers = headers.insert(Header {
+        key: "source",
+        value: Some(b"console-test".as_slice()),
+    });
+    let rec = FutureRecord::<[u8], [u8]>::to(topic)
+        .partition(partition)
+        .key(b"k-1".as_slice())
+        .payload(payload)
+        .headers(headers);
+    p.send(rec, Duration::from_secs(30)).await.expect("delivery");
+}
+
+/// Runs a worker over a fresh topic until both consumers parked what they must, then stops it.
+async fn world() -> World {
+    let w = World {
+        topic: unique("console"),
+        batch: unique("console-batch"),
+        inbox: unique("console-inbox"),
+        channel: unique("sms"),
+        card_event: uuid::Uuid::now_v7(),
+    };
+    create_topic(&w.topic, 2).await;
+    let config = Config::from_toml_str(&config_text(&w, "")).expect("config");
+    let worker = start(config).await;
+    for i in 0..5 {
+        let pay = Payment::new(&format!("u{i}"), 10_000 + i);
+        send(&w.topic, 0, Some(pay.event_id), &pay.json()).await;
+    }
+    // No event id: missing_event_id, for both consumers.
+    send(&w.topic, 0, None, &Payment::new("u1", 500).json()).await;
+    // Not JSON.
+    send(&w.topic, 0, Some(uuid::Uuid::now_v7()), b"\xff\xfe not json").await;
+    // A payment without payment_id that carries a card number: refused by the handler's check
+    // (a dead letter for the batch consumer, a FAILED row for the inbox consumer).
+    let card = serde_json::json!({
+        "event_id": w.card_event, "user_id": "u9", "amount_paise": 1,
+        "occurred_at": chrono::Utc::now().to_rfc3339(),
+        "card": {"number": CARD, "exp": "12/29"},
+    });
+    send(&w.topic, 1, Some(w.card_event), &serde_json::to_vec(&card).unwrap()).await;
+    let db = pg().await;
+    let (batch, inbox) = (w.batch.clone(), w.inbox.clone());
+    eventually(60, "3 dead letters and 2 + 1 FAILED", || {
+        let db = &db;
+        let (batch, inbox) = (batch.clone(), inbox.clone());
+        async move {
+            let n = |sql: &'static str, c: String| async move {
+                db.query_one(sql, &[&c]).await.unwrap().get::<_, i64>(0)
+            };
+            let dl = "SELECT count(*) FROM dead_letters WHERE consumer = $1";
+            let failed = "SELECT count(*) FROM inbox WHERE consumer = $1 AND status = 'FAILED'";
+            n(dl, batch).await == 3 && n(dl, inbox.clone()).await == 2 && n(failed, inbox).await == 1
+        }
+    })
+    .await;
+    worker.stop().await.expect("worker stops");
+    db.execute(
+        "INSERT INTO notifications (event_id, channel, status, payload, last_error)
+         VALUES ($1, $2, 'FAILED', $3, 'provider said no')",
+        &[
+            &uuid::Uuid::now_v7(),
+            &w.channel,
+            &serde_json::json!({"to": "+911234567890", "card": {"number": CARD}}),
+        ],
+    )
+    .await
+    .unwrap();
+    w
+}
+
+/// A console for `w` with `console` settings appended to `[console]`; stops when dropped.
+struct Running {
+    addr: SocketAddr,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn console(w: &World, settings: &str) -> Running {
+    let config = Config::from_toml_str(&config_text(w, settings)).expect("config");
+    let bound = effectively::console::bind(&config, None)
+        .await
+        .expect("console binds");
+    let addr = bound.addr;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(bound.run(async move {
+        let _ = stopped.await;
+    }));
+    Running { addr, _stop: stop }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, String, reqwest::header::HeaderMap) {
+    let r = client()
+        .get(format!("http://{addr}{path}"))
+        .send()
+        .await
+        .unwrap();
+    let (status, headers) = (r.status().as_u16(), r.headers().clone());
+    (status, r.text().await.unwrap(), headers)
+}
+
+/// Every `href="…"` of a page that points into the console, unescaped.
+fn links(html: &str) -> Vec<String> {
+    html.split("href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .map(|h| h.replace("&amp;", "&"))
+        .filter(|h| h.starts_with('/'))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pages_render_with_data_and_every_link_works() {
+    let w = world().await;
+    let c = console(&w, "").await;
+
+    let (status, overview, headers) = get(c.addr, "/").await;
+    assert_eq!(status, 200, "{overview}");
+    assert!(headers["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("default-src 'none'"));
+    assert!(overview.contains(&w.batch) && overview.contains(&w.inbox));
+    assert!(overview.contains("missing_event_id"), "dead letters by reason");
+    assert!(overview.contains("<meta http-equiv=\"refresh\""), "live refresh");
+    assert!(overview.contains("Pause"));
+    let (_, paused, _) = get(c.addr, "/?refresh=off").await;
+    assert!(!paused.contains("http-equiv=\"refresh\"") && paused.contains("Resume"));
+
+    let (status, inbox, _) = get(c.addr, &format!("/inbox?consumer={}&status=FAILED", w.inbox)).await;
+    assert_eq!(status, 200);
+    assert!(inbox.contains(&w.card_event.to_string()), "the FAILED row is listed");
+    let (status, outbox, _) = get(c.addr, "/outbox?published=0").await;
+    assert_eq!(status, 200, "{outbox}");
+    let (status, notes, _) =
+        get(c.addr, &format!("/notifications?status=FAILED&channel={}", w.channel)).await;
+    assert_eq!(status, 200);
+    assert!(notes.contains(&w.channel) && notes.contains("***"), "masked payload shown");
+
+    // The crawler: every link from the overview, breadth first, each page once.
+    let mut seen = BTreeSet::new();
+    let mut queue = VecDeque::from([("/".to_string(), "start".to_string())]);
+    while let Some((path, from)) = queue.pop_front() {
+        if !seen.insert(path.clone()) || seen.len() > 400 {
+            continue;
+        }
+        let (status, body, headers) = get(c.addr, &path).await;
+        assert_eq!(status, 200, "{path} (linked from {from}) answered {status}: {body}");
+        assert!(headers.contains_key("content-security-policy"), "{path}");
+        assert!(!body.contains(CARD), "{path} shows the masked card number");
+        assert!(!body.contains("4111"), "{path} shows part of the card number");
+        for link in links(&body) {
+            if !seen.contains(&link) {
+                queue.push_back((link, path.clone()));
+            }
+        }
+    }
+    assert!(seen.len() > 10, "the crawler saw only {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn security_defaults() {
+    let w = world().await;
+    // A non-loopback address without a token is refused at load.
+    let err = Config::from_toml_str(&config_text(&w, "").replace("127.0.0.1:0", "0.0.0.0:0"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a loopback address"), "{err}");
+
+    // Read-only (the default): a same-origin POST is still refused.
+    let c = console(&w, "").await;
+    let r = client()
+        .post(format!("http://{}/", c.addr))
+        .header("sec-fetch-site", "same-origin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    assert!(r.text().await.unwrap().contains("read-only"));
+
+    // With writes on: a cross-site POST, a foreign Origin, or neither header: refused.
+    let c = console(&w, "writes = true").await;
+    let post = |extra: &'static [(&'static str, &'static str)]| {
+        let mut rb = client().post(format!("http://{}/", c.addr));
+        for (k, v) in extra {
+            rb = rb.header(*k, *v);
+        }
+        async move { rb.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(post(&[("sec-fetch-site", "cross-site")]).await, 403);
+    assert_eq!(post(&[("origin", "http://evil.example")]).await, 403);
+    assert_eq!(post(&[]).await, 403);
+    // Same origin and writes on: past the guard (no page answers POST /).
+    assert_eq!(post(&[("sec-fetch-site", "same-origin")]).await, 405);
+
+    // A token: missing and wrong are 401 (with the browser's prompt), right is 200.
+    let file = std::env::temp_dir().join(unique("console-token"));
+    std::fs::write(&file, "0123456789abcdef-secret\n").unwrap();
+    let c = console(&w, &format!("token_file = {:?}", file.display().to_string())).await;
+    let url = format!("http://{}/", c.addr);
+    let r = client().get(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    assert!(r.headers()["www-authenticate"].to_str().unwrap().starts_with("Basic"));
+    assert!(!r.text().await.unwrap().contains("secret"));
+    let status = |rb: reqwest::RequestBuilder| async move { rb.send().await.unwrap().status().as_u16() };
+    assert_eq!(status(client().get(&url).bearer_auth("wrong-token-0123456")).await, 401);
+    assert_eq!(status(client().get(&url).bearer_auth("0123456789abcdef-secret")).await, 200);
+    assert_eq!(
+        status(client().get(&url).basic_auth("ops", Some("0123456789abcdef-secret"))).await,
+        200
+    );
+    assert_eq!(
+        status(client().get(format!("http://{}/static/console.css", c.addr))).await,
+        401,
+        "the stylesheet too"
+    );
+    let _ = std::fs::remove_file(file);
+}
