@@ -48,6 +48,7 @@ pub mod envelope;
 pub mod handler;
 pub mod inbox;
 pub mod metrics;
+pub mod operator;
 pub mod prefilter;
 pub mod provider_stub;
 pub mod relay;
