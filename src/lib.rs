@@ -10,12 +10,15 @@
 //! Each module uses only the ones listed below it.
 //!
 //! - [`cli`]: the command line (`effectively run | relay | send | migrate | check-config | inbox
-//!   | retention`).
+//!   | dead-letters | notifications | retention`).
 //! - [`worker`]: wires config, pool, handlers and one source per consumer; shutdown.
 //! - [`relay`]: the outbox relay: publishes `outbox` rows to Kafka in order per aggregate.
 //! - [`sender`]: the notification sender: delivers `notifications` to providers with
 //!   idempotency keys; [`provider_stub`] is a provider that honours them as Stripe's API does,
 //!   for tests and the demo.
+//! - [`operator`]: the operator's way back for parked rows: redrive or discard dead letters,
+//!   replay or discard FAILED inbox rows, retry or discard FAILED notifications, each audited in
+//!   the change's own transaction ([`store::audit`]); [`operator::show`] renders a parked record.
 //! - [`inbox`]: the inbox strategy's processors ([`inbox::processor`]: claim with `SKIP
 //!   LOCKED` or a lease, apply, retry, park) and its status and replay ([`inbox::admin`]).
 //! - [`source`]: Kafka group membership and rebalances ([`source::consumer`]: claim and seek
@@ -31,7 +34,8 @@
 //! - [`store`]: every SQL statement, each function taking the caller's transaction: offsets
 //!   and fencing ([`store::offsets`]), staging by `COPY` ([`store::copy`]), the dedupe insert
 //!   ([`store::dedupe`]), daily partitions ([`store::partitions`]), dead letters
-//!   ([`store::dead_letters`]), the inbox table ([`store::inbox`]), versions
+//!   ([`store::dead_letters`]), what waits for an operator ([`store::parked`]), the audit of
+//!   operator actions ([`store::audit`]), the inbox table ([`store::inbox`]), versions
 //!   ([`store::versions`]), the outbox ([`store::outbox`]) and notifications
 //!   ([`store::notifications`]), migrations
 //!   ([`store::migrate`]).
