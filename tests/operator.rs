@@ -539,3 +539,90 @@ async fn failed_notifications_are_retried_with_their_key_or_discarded() {
         .collect();
     assert_eq!(a, [("discard".into(), 1), ("retry".into(), 2)]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_rows_page_by_keyset_filter_and_count_with_a_cap() {
+    use effectively::store::parked::{self, Filter};
+    let db = common::pg().await;
+    let consumer = common::unique("pages");
+    // 25 dead letters over two reasons and two partitions, one of them resolved already.
+    for i in 0..25i64 {
+        let reason = if i % 5 == 0 {
+            "missing_event_id"
+        } else {
+            "undecodable_payload"
+        };
+        db.execute(
+            "INSERT INTO dead_letters (consumer, topic, partition, \"offset\", reason, detail, payload)
+             VALUES ($1, 'payments', $2, $3, $4, 'test', 'x')",
+            &[&consumer, &((i % 2) as i32), &i, &reason],
+        )
+        .await
+        .unwrap();
+    }
+    db.execute(
+        "UPDATE dead_letters SET resolution = 'discarded', resolved_at = now(),
+                resolved_by = 'test', resolved_action = gen_random_uuid()
+         WHERE consumer = $1 AND \"offset\" = 24",
+        &[&consumer],
+    )
+    .await
+    .unwrap();
+    let all = Filter {
+        consumer: Some(consumer.clone()),
+        ..Filter::default()
+    };
+    // Keyset pages of 10, newest first, cover the 24 parked rows once each.
+    let mut seen = Vec::new();
+    let mut before = None;
+    loop {
+        let page = parked::dead_letters(&db, &all, before, 10).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.windows(2).all(|w| w[0].id > w[1].id), "newest first");
+        before = page.last().map(|r| r.id);
+        seen.extend(page.iter().map(|r| r.offset));
+    }
+    seen.sort();
+    assert_eq!(seen, (0..24).collect::<Vec<i64>>());
+    let capped = |f: Filter, cap| {
+        let db = &db;
+        async move { parked::count_dead_letters(db, &f, cap).await.unwrap() }
+    };
+    let c = capped(all.clone(), 10).await;
+    assert_eq!(
+        (c.count, c.more, c.to_string()),
+        (10, true, "10+".to_string())
+    );
+    let c = capped(all.clone(), 1_000).await;
+    assert_eq!((c.count, c.more), (24, false));
+    let by_reason = Filter {
+        reason: Some("missing_event_id".into()),
+        partition: Some(0),
+        ..all.clone()
+    };
+    // Offsets 0, 10, 20 (5 and 15 are on partition 1).
+    let rows = parked::dead_letters(&db, &by_reason, None, 50)
+        .await
+        .unwrap();
+    let offsets: Vec<i64> = rows.iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, [20, 10, 0]);
+    let later = Filter {
+        since: Some(chrono::Utc::now() + chrono::Duration::hours(1)),
+        ..all.clone()
+    };
+    assert_eq!(capped(later, 100).await.count, 0);
+    // A reason of dead letters leaves FAILED inbox rows out.
+    assert!(!by_reason.takes_inbox());
+    assert_eq!(
+        parked::count_failed_inbox(&db, &by_reason, 100)
+            .await
+            .unwrap()
+            .count,
+        0
+    );
+    let one = parked::dead_letter(&db, rows[0].id).await.unwrap().unwrap();
+    assert_eq!(one.message.payload.as_deref(), Some(&b"x"[..]));
+    assert!(one.resolution.is_none());
+}
