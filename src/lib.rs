@@ -10,7 +10,7 @@
 //! Each module uses only the ones listed below it.
 //!
 //! - [`cli`]: the command line (`effectively run | relay | send | console | migrate |
-//!   check-config | inbox | retention`).
+//!   check-config | inbox | dead-letters | notifications | retention`).
 //! - [`console`]: the web console: server-rendered pages of lag, parked messages, the inbox,
 //!   the outbox and notifications, and the operator's actions behind typed confirmations; its
 //!   read-only queries in [`store::browse`].
@@ -19,6 +19,9 @@
 //! - [`sender`]: the notification sender: delivers `notifications` to providers with
 //!   idempotency keys; [`provider_stub`] is a provider that honours them as Stripe's API does,
 //!   for tests and the demo.
+//! - [`operator`]: the operator's way back for parked rows: redrive or discard dead letters,
+//!   replay or discard FAILED inbox rows, retry or discard FAILED notifications, each audited in
+//!   the change's own transaction ([`store::audit`]); [`operator::show`] renders a parked record.
 //! - [`inbox`]: the inbox strategy's processors ([`inbox::processor`]: claim with `SKIP
 //!   LOCKED` or a lease, apply, retry, park) and its status and replay ([`inbox::admin`]).
 //! - [`source`]: Kafka group membership and rebalances ([`source::consumer`]: claim and seek
@@ -34,7 +37,8 @@
 //! - [`store`]: every SQL statement, each function taking the caller's transaction: offsets
 //!   and fencing ([`store::offsets`]), staging by `COPY` ([`store::copy`]), the dedupe insert
 //!   ([`store::dedupe`]), daily partitions ([`store::partitions`]), dead letters
-//!   ([`store::dead_letters`]), the inbox table ([`store::inbox`]), versions
+//!   ([`store::dead_letters`]), what waits for an operator ([`store::parked`]), the audit of
+//!   operator actions ([`store::audit`]), the inbox table ([`store::inbox`]), versions
 //!   ([`store::versions`]), the outbox ([`store::outbox`]) and notifications
 //!   ([`store::notifications`]), migrations
 //!   ([`store::migrate`]).
@@ -52,6 +56,7 @@ pub mod envelope;
 pub mod handler;
 pub mod inbox;
 pub mod metrics;
+pub mod operator;
 pub mod prefilter;
 pub mod provider_stub;
 pub mod relay;

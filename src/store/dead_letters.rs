@@ -25,14 +25,17 @@ pub struct Parked<'a> {
 }
 
 // A message parked again at the same offset (its batch rolled back after parking it, and was
-// retried) keeps one row: the attempts add up and the latest reason wins.
+// retried; or read again after PostgreSQL went back) keeps one row: the attempts add up, the
+// latest reason wins, and it is parked again even if an operator had resolved it.
 const PARK: &str = "\
 INSERT INTO dead_letters (consumer, topic, partition, \"offset\", message_id, reason, detail,
                           key, header_names, header_values, payload, kafka_ts, attempts)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 ON CONFLICT (consumer, topic, partition, \"offset\") DO UPDATE
 SET reason = EXCLUDED.reason, detail = EXCLUDED.detail,
-    attempts = dead_letters.attempts + EXCLUDED.attempts, last_seen = now()";
+    attempts = dead_letters.attempts + EXCLUDED.attempts, last_seen = now(),
+    resolution = NULL, resolved_at = NULL, resolved_by = NULL, resolved_action = NULL,
+    redriven_to = NULL";
 
 /// Parks `rows` in the caller's transaction, in offset order.
 pub async fn park(
@@ -68,28 +71,31 @@ pub async fn park(
     Ok(())
 }
 
-/// How many messages wait in `dead_letters` for `consumer`, by reason.
+/// How many messages are parked in `dead_letters` for `consumer` (not yet redriven or
+/// discarded), by reason.
 pub async fn count_by_reason<C: GenericClient + Sync>(
     client: &C,
     consumer: &str,
 ) -> Result<Vec<(String, i64)>, StoreError> {
     let rows = client
         .query(
-            "SELECT reason, count(*) FROM dead_letters WHERE consumer = $1 GROUP BY 1 ORDER BY 1",
+            "SELECT reason, count(*) FROM dead_letters WHERE consumer = $1 AND resolution IS NULL
+             GROUP BY 1 ORDER BY 1",
             &[&consumer],
         )
         .await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// Rows waiting in `dead_letters` for each of `consumers` (0 included).
+/// Rows parked in `dead_letters` for each of `consumers` (0 included).
 pub async fn count_all<C: GenericClient + Sync>(
     client: &C,
     consumers: &[String],
 ) -> Result<Vec<(String, i64)>, StoreError> {
     let rows = client
         .query(
-            "SELECT c, (SELECT count(*) FROM dead_letters d WHERE d.consumer = c)
+            "SELECT c, (SELECT count(*) FROM dead_letters d
+                        WHERE d.consumer = c AND d.resolution IS NULL)
              FROM unnest($1::text[]) AS c",
             &[&consumers],
         )

@@ -676,13 +676,26 @@ pub struct ReplayFilter {
     pub key: Option<String>,
 }
 
-const REPLAY: &str = "\
+const REPLAY_WHERE: &str = "\
+consumer = $1 AND status = ANY($2::text[])
+  AND ($3::timestamptz IS NULL OR received_at >= $3)
+  AND ($4::text IS NULL OR ordering_key = $4)";
+
+const REPLAY_SET: &str = "\
 UPDATE inbox
 SET status = 'PENDING', attempts = 0, next_attempt_at = now(), lease_until = NULL,
     claim_token = NULL, done_at = NULL
-WHERE consumer = $1 AND status = ANY($2::text[])
-  AND ($3::timestamptz IS NULL OR received_at >= $3)
-  AND ($4::text IS NULL OR ordering_key = $4)";
+WHERE ";
+
+impl ReplayFilter {
+    fn statuses(&self) -> Vec<&'static str> {
+        if self.failed_only {
+            vec!["FAILED"]
+        } else {
+            vec!["FAILED", "DONE"]
+        }
+    }
+}
 
 /// Puts matching rows back to PENDING; returns how many. The effect is then applied again, so
 /// replaying DONE rows is safe only for an effect that keeps its own business key.
@@ -691,14 +704,25 @@ pub async fn replay<C: GenericClient + Sync>(
     consumer: &str,
     filter: &ReplayFilter,
 ) -> Result<u64, StoreError> {
-    let statuses: Vec<&str> = if filter.failed_only {
-        vec!["FAILED"]
-    } else {
-        vec!["FAILED", "DONE"]
-    };
+    let sql = format!("{REPLAY_SET}{REPLAY_WHERE}");
+    let statuses = filter.statuses();
     Ok(client
-        .execute(REPLAY, &[&consumer, &statuses, &filter.since, &filter.key])
+        .execute(&sql, &[&consumer, &statuses, &filter.since, &filter.key])
         .await?)
+}
+
+/// How many rows [`replay`] would put back (`--dry-run`).
+pub async fn replay_count<C: GenericClient + Sync>(
+    client: &C,
+    consumer: &str,
+    filter: &ReplayFilter,
+) -> Result<i64, StoreError> {
+    let sql = format!("SELECT count(*) FROM inbox WHERE {REPLAY_WHERE}");
+    let statuses = filter.statuses();
+    Ok(client
+        .query_one(&sql, &[&consumer, &statuses, &filter.since, &filter.key])
+        .await?
+        .get(0))
 }
 
 /// One consumer's inbox at a glance.

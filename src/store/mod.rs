@@ -2,6 +2,7 @@
 //! that dedupe keys, the effect, dead letters and the stored offset compose into one
 //! transaction. The SQL sits in named constants next to the code that runs it.
 
+pub mod audit;
 pub mod browse;
 pub mod copy;
 pub mod dead_letters;
@@ -11,6 +12,7 @@ pub mod migrate;
 pub mod notifications;
 pub mod offsets;
 pub mod outbox;
+pub mod parked;
 pub mod partitions;
 pub mod pool;
 pub mod retention;

@@ -151,7 +151,8 @@ async fn run_locked(
     })
 }
 
-/// Rows of the inbox partition of `date` that are not DONE: work that dropping would lose.
+/// Rows of the inbox partition of `date` that are neither DONE nor DISCARDED (given up by an
+/// operator): work that dropping would lose.
 pub async fn open_inbox_rows(client: &Client, date: NaiveDate) -> Result<i64, StoreError> {
     let name = partitions::inbox_name_for(date);
     let exists: Option<String> = client
@@ -161,7 +162,7 @@ pub async fn open_inbox_rows(client: &Client, date: NaiveDate) -> Result<i64, St
     if exists.is_none() {
         return Ok(0);
     }
-    let sql = format!("SELECT count(*) FROM {name} WHERE status <> 'DONE'");
+    let sql = format!("SELECT count(*) FROM {name} WHERE status NOT IN ('DONE', 'DISCARDED')");
     Ok(client.query_one(&sql, &[]).await?.get(0))
 }
 

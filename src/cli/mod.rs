@@ -9,6 +9,8 @@ use crate::config::{Config, Strategy};
 use crate::handler::Registry;
 use crate::store;
 
+mod parked;
+
 #[derive(Debug, Parser)]
 #[command(name = "effectively", version, about)]
 pub struct Cli {
@@ -43,24 +45,59 @@ pub enum InboxAction {
         #[arg(long, short, default_value = "effectively.toml")]
         config: PathBuf,
     },
-    /// Put rows back to PENDING (attempts reset) so the processors apply them again. Without
-    /// --failed, DONE rows are replayed too: safe only for an effect that keeps its own
-    /// business key (the cashback handler's UNIQUE payment_id), or it applies twice.
+    /// FAILED rows matching the filter, newest first (`--before SEQ` for the next page).
+    List {
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+        #[command(flatten)]
+        filter: parked::FilterArgs,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[arg(long)]
+        before: Option<i64>,
+    },
+    /// One inbox row, whatever its status: coordinates, attempts, last error, headers, payload.
+    Show {
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+        consumer: String,
+        message_id: uuid::Uuid,
+        #[arg(long = "as", value_enum, default_value_t = crate::operator::show::As::Auto)]
+        how: crate::operator::show::As,
+    },
+    /// Put rows back to PENDING (attempts reset) so the processors apply them again. With
+    /// --failed, FAILED rows only, one (`--id` with `--consumer`) or every one matching the
+    /// filter: never applied before, so applied once. Without --failed, DONE rows of
+    /// `--consumer` are replayed too: safe only for an effect that keeps its own business key
+    /// (the cashback handler's UNIQUE payment_id), or it applies twice.
     Replay {
         #[arg(long, short, default_value = "effectively.toml")]
         config: PathBuf,
-        /// The consumer whose rows to replay.
-        #[arg(long)]
-        consumer: String,
         /// Only FAILED rows.
         #[arg(long)]
         failed: bool,
-        /// Only rows received since this RFC 3339 time, or this long ago ("2h", "3days").
+        /// One row, by message id (with --consumer).
         #[arg(long)]
-        since: Option<String>,
+        id: Option<uuid::Uuid>,
         /// Only rows of this ordering key (the Kafka key, or the configured payload field).
         #[arg(long)]
         key: Option<String>,
+        #[command(flatten)]
+        filter: parked::FilterArgs,
+        #[command(flatten)]
+        change: parked::ChangeArgs,
+    },
+    /// Give FAILED rows up: status DISCARDED, bytes kept, never applied (one with `--id` and
+    /// `--consumer`, or every one matching the filter).
+    Discard {
+        #[arg(long, short, default_value = "effectively.toml")]
+        config: PathBuf,
+        #[arg(long)]
+        id: Option<uuid::Uuid>,
+        #[command(flatten)]
+        filter: parked::FilterArgs,
+        #[command(flatten)]
+        change: parked::ChangeArgs,
     },
 }
 
@@ -145,7 +182,17 @@ pub enum Command {
         #[command(subcommand)]
         action: RetentionAction,
     },
-    /// The inbox strategy's table: status, replay.
+    /// Parked messages (`dead_letters`): list, show, redrive, discard.
+    DeadLetters {
+        #[command(subcommand)]
+        action: parked::DeadLetterAction,
+    },
+    /// FAILED notifications: list, retry, discard.
+    Notifications {
+        #[command(subcommand)]
+        action: parked::NotificationAction,
+    },
+    /// The inbox strategy's table: status, FAILED rows (list, show), replay, discard.
     Inbox {
         #[command(subcommand)]
         action: InboxAction,
@@ -375,6 +422,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Retention { action } => retention(action).await,
         Command::Inbox { action } => inbox(action).await,
+        Command::DeadLetters { action } => parked::dead_letters(action).await,
+        Command::Notifications { action } => parked::notifications(action).await,
         Command::BenchRetention {
             database_url,
             keys,
@@ -556,36 +605,62 @@ async fn inbox(action: InboxAction) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        InboxAction::Replay {
+        InboxAction::List {
+            config,
+            filter,
+            limit,
+            before,
+        } => parked::inbox_list(&Config::load(&config)?, &filter, limit, before).await,
+        InboxAction::Show {
             config,
             consumer,
+            message_id,
+            how,
+        } => parked::inbox_show(&Config::load(&config)?, &consumer, message_id, how).await,
+        InboxAction::Discard {
+            config,
+            id,
+            filter,
+            change,
+        } => parked::inbox_change(&Config::load(&config)?, id, &filter, &change, true).await,
+        InboxAction::Replay {
+            config,
             failed,
-            since,
+            id,
             key,
+            filter,
+            change,
         } => {
             let config = Config::load(&config)?;
-            match config.consumers.iter().find(|c| c.name == consumer) {
-                None => anyhow::bail!("this config has no consumer named {consumer:?}"),
-                Some(c) if c.strategy != Strategy::Inbox => {
-                    anyhow::bail!("consumer {consumer:?} does not have strategy = \"inbox\"")
-                }
-                Some(_) => {}
+            if failed && key.is_none() {
+                return parked::inbox_change(&config, id, &filter, &change, false).await;
             }
-            let since = match since {
+            // DONE rows too, or one ordering key: one consumer's rows, one statement.
+            let Some(consumer) = filter.consumer.as_deref() else {
+                anyhow::bail!("replaying DONE rows or one --key needs --consumer");
+            };
+            if id.is_some()
+                || filter.reason.is_some()
+                || filter.topic.is_some()
+                || filter.partition.is_some()
+                || filter.until.is_some()
+            {
+                anyhow::bail!(
+                    "--id, --reason, --topic, --partition and --until select FAILED rows: add --failed"
+                );
+            }
+            let since = match &filter.since {
                 Some(s) => {
-                    Some(admin::parse_since(&s, chrono::Utc::now()).map_err(anyhow::Error::msg)?)
+                    Some(admin::parse_since(s, chrono::Utc::now()).map_err(anyhow::Error::msg)?)
                 }
                 None => None,
             };
-            let filter = store::inbox::ReplayFilter {
+            let replay = store::inbox::ReplayFilter {
                 failed_only: failed,
                 since,
                 key: key.as_deref().map(admin::stored_key),
             };
-            let client = store::pool::connect_to(&config.database).await?;
-            let n = store::inbox::replay(&client, &consumer, &filter).await?;
-            println!("{n} row(s) of {consumer:?} back to PENDING");
-            Ok(())
+            parked::inbox_replay_done(&config, consumer, replay, &change).await
         }
     }
 }
