@@ -89,7 +89,9 @@ async fn send(topic: &str, partition: i32, event_id: Option<uuid::Uuid>, payload
         .key(b"k-1".as_slice())
         .payload(payload)
         .headers(headers);
-    p.send(rec, Duration::from_secs(30)).await.expect("delivery");
+    p.send(rec, Duration::from_secs(30))
+        .await
+        .expect("delivery");
 }
 
 /// Runs a worker over a fresh topic until both consumers parked what they must, then stops it.
@@ -111,7 +113,13 @@ async fn world() -> World {
     // No event id: missing_event_id, for both consumers.
     send(&w.topic, 0, None, &Payment::new("u1", 500).json()).await;
     // Not JSON.
-    send(&w.topic, 0, Some(uuid::Uuid::now_v7()), b"\xff\xfe not json").await;
+    send(
+        &w.topic,
+        0,
+        Some(uuid::Uuid::now_v7()),
+        b"\xff\xfe not json",
+    )
+    .await;
     // A payment without payment_id that carries a card number: refused by the handler's check
     // (a dead letter for the batch consumer, a FAILED row for the inbox consumer).
     let card = serde_json::json!({
@@ -119,7 +127,13 @@ async fn world() -> World {
         "occurred_at": chrono::Utc::now().to_rfc3339(),
         "card": {"number": CARD, "exp": "12/29"},
     });
-    send(&w.topic, 1, Some(w.card_event), &serde_json::to_vec(&card).unwrap()).await;
+    send(
+        &w.topic,
+        1,
+        Some(w.card_event),
+        &serde_json::to_vec(&card).unwrap(),
+    )
+    .await;
     let db = pg().await;
     let (batch, inbox) = (w.batch.clone(), w.inbox.clone());
     eventually(60, "3 dead letters and 2 + 1 FAILED", || {
@@ -131,7 +145,9 @@ async fn world() -> World {
             };
             let dl = "SELECT count(*) FROM dead_letters WHERE consumer = $1";
             let failed = "SELECT count(*) FROM inbox WHERE consumer = $1 AND status = 'FAILED'";
-            n(dl, batch).await == 3 && n(dl, inbox.clone()).await == 2 && n(failed, inbox).await == 1
+            n(dl, batch).await == 3
+                && n(dl, inbox.clone()).await == 2
+                && n(failed, inbox).await == 1
         }
     })
     .await;
@@ -209,21 +225,40 @@ async fn pages_render_with_data_and_every_link_works() {
         .unwrap()
         .contains("default-src 'none'"));
     assert!(overview.contains(&w.batch) && overview.contains(&w.inbox));
-    assert!(overview.contains("missing_event_id"), "dead letters by reason");
-    assert!(overview.contains("<meta http-equiv=\"refresh\""), "live refresh");
+    assert!(
+        overview.contains("missing_event_id"),
+        "dead letters by reason"
+    );
+    assert!(
+        overview.contains("<meta http-equiv=\"refresh\""),
+        "live refresh"
+    );
     assert!(overview.contains("Pause"));
     let (_, paused, _) = get(c.addr, "/?refresh=off").await;
     assert!(!paused.contains("http-equiv=\"refresh\"") && paused.contains("Resume"));
 
-    let (status, inbox, _) = get(c.addr, &format!("/inbox?consumer={}&status=FAILED", w.inbox)).await;
+    let (status, inbox, _) = get(
+        c.addr,
+        &format!("/inbox?consumer={}&status=FAILED", w.inbox),
+    )
+    .await;
     assert_eq!(status, 200);
-    assert!(inbox.contains(&w.card_event.to_string()), "the FAILED row is listed");
+    assert!(
+        inbox.contains(&w.card_event.to_string()),
+        "the FAILED row is listed"
+    );
     let (status, outbox, _) = get(c.addr, "/outbox?published=0").await;
     assert_eq!(status, 200, "{outbox}");
-    let (status, notes, _) =
-        get(c.addr, &format!("/notifications?status=FAILED&channel={}", w.channel)).await;
+    let (status, notes, _) = get(
+        c.addr,
+        &format!("/notifications?status=FAILED&channel={}", w.channel),
+    )
+    .await;
     assert_eq!(status, 200);
-    assert!(notes.contains(&w.channel) && notes.contains("***"), "masked payload shown");
+    assert!(
+        notes.contains(&w.channel) && notes.contains("***"),
+        "masked payload shown"
+    );
 
     // The crawler: every link from the overview, breadth first, each page once.
     let mut seen = BTreeSet::new();
@@ -233,10 +268,16 @@ async fn pages_render_with_data_and_every_link_works() {
             continue;
         }
         let (status, body, headers) = get(c.addr, &path).await;
-        assert_eq!(status, 200, "{path} (linked from {from}) answered {status}: {body}");
+        assert_eq!(
+            status, 200,
+            "{path} (linked from {from}) answered {status}: {body}"
+        );
         assert!(headers.contains_key("content-security-policy"), "{path}");
         assert!(!body.contains(CARD), "{path} shows the masked card number");
-        assert!(!body.contains("4111"), "{path} shows part of the card number");
+        assert!(
+            !body.contains("4111"),
+            "{path} shows part of the card number"
+        );
         for link in links(&body) {
             if !seen.contains(&link) {
                 queue.push_back((link, path.clone()));
@@ -284,17 +325,36 @@ async fn security_defaults() {
     // A token: missing and wrong are 401 (with the browser's prompt), right is 200.
     let file = std::env::temp_dir().join(unique("console-token"));
     std::fs::write(&file, "0123456789abcdef-secret\n").unwrap();
-    let c = console(&w, &format!("token_file = {:?}", file.display().to_string())).await;
+    let c = console(
+        &w,
+        &format!("token_file = {:?}", file.display().to_string()),
+    )
+    .await;
     let url = format!("http://{}/", c.addr);
     let r = client().get(&url).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 401);
-    assert!(r.headers()["www-authenticate"].to_str().unwrap().starts_with("Basic"));
+    assert!(r.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .starts_with("Basic"));
     assert!(!r.text().await.unwrap().contains("secret"));
-    let status = |rb: reqwest::RequestBuilder| async move { rb.send().await.unwrap().status().as_u16() };
-    assert_eq!(status(client().get(&url).bearer_auth("wrong-token-0123456")).await, 401);
-    assert_eq!(status(client().get(&url).bearer_auth("0123456789abcdef-secret")).await, 200);
+    let status =
+        |rb: reqwest::RequestBuilder| async move { rb.send().await.unwrap().status().as_u16() };
     assert_eq!(
-        status(client().get(&url).basic_auth("ops", Some("0123456789abcdef-secret"))).await,
+        status(client().get(&url).bearer_auth("wrong-token-0123456")).await,
+        401
+    );
+    assert_eq!(
+        status(client().get(&url).bearer_auth("0123456789abcdef-secret")).await,
+        200
+    );
+    assert_eq!(
+        status(
+            client()
+                .get(&url)
+                .basic_auth("ops", Some("0123456789abcdef-secret"))
+        )
+        .await,
         200
     );
     assert_eq!(

@@ -17,6 +17,7 @@
 //! `<meta http-equiv="refresh">` that a "Pause" link turns off (`?refresh=off`), so the
 //! Content-Security-Policy can forbid every script ([`auth`]).
 
+mod actions;
 pub mod auth;
 pub mod lag;
 pub mod mask;
@@ -30,7 +31,7 @@ use std::sync::Arc;
 use askama::Template;
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use deadpool_postgres::Pool;
 
@@ -108,6 +109,8 @@ pub struct Shared {
     pub(crate) consumers: Vec<ConsumerInfo>,
     pub(crate) watermarks: lag::Watermarks,
     pub(crate) rates: lag::Rates,
+    /// The producer redrives send with; only when writes are on.
+    pub(crate) redriver: Option<crate::operator::Redriver>,
 }
 
 /// A console bound to its address, not yet serving (tests bind `127.0.0.1:0` and read
@@ -158,6 +161,13 @@ pub async fn bind(config: &Config, addr: Option<SocketAddr>) -> Result<Bound, Co
             .collect(),
         watermarks: lag::Watermarks::new(&config.kafka),
         rates: lag::Rates::default(),
+        redriver: match settings.writes {
+            false => None,
+            true => Some(
+                crate::operator::Redriver::new(&config.kafka)
+                    .map_err(|e| ConsoleError::Config(e.to_string()))?,
+            ),
+        },
         settings,
     });
     let listener = tokio::net::TcpListener::bind(shared.settings.addr)
@@ -211,6 +221,18 @@ pub async fn serve(
 fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/", get(pages::overview::page))
+        .route("/parked", get(pages::parked::list))
+        .route(
+            "/parked/dead-letters/{id}",
+            get(pages::message::dead_letter),
+        )
+        .route(
+            "/parked/inbox/{consumer}/{message_id}",
+            get(pages::message::inbox_row),
+        )
+        .route("/actions/confirm", post(actions::confirm))
+        .route("/actions/do", post(actions::act))
+        .route("/audit", get(pages::audit::page))
         .route("/inbox", get(pages::inbox::page))
         .route("/outbox", get(pages::outbox::page))
         .route("/notifications", get(pages::notifications::page))

@@ -2,11 +2,10 @@
 //! dump (as `show` prints it), counts that may be capped, ages. Plain functions over values, so
 //! the templates stay free of logic and these are tested without a server.
 
-use std::fmt::Write as _;
-
 use chrono::{DateTime, Utc};
 
 use super::mask::{scrub, Mask, Masked};
+use crate::operator::show::hex_dump;
 
 /// The hex view stops here: a 1 MiB payload would make a 4 MiB page.
 pub const HEX_LIMIT: usize = 16 * 1024;
@@ -68,37 +67,9 @@ pub fn payload(bytes: Option<&[u8]>, mask: &Mask) -> (Payload, Vec<String>) {
         .ok()
         .and_then(|v| serde_json::to_string_pretty(&v).ok());
     p.hex_cut = shown.len() > HEX_LIMIT;
+    // The same dump `effectively dead-letters show` prints.
     p.hex = hex_dump(&shown[..shown.len().min(HEX_LIMIT)]);
     (p, secrets)
-}
-
-/// `xxd`-like: offset, 16 bytes in hex, the printable ASCII.
-pub fn hex_dump(b: &[u8]) -> String {
-    let mut out = String::with_capacity(b.len() * 4 + 16);
-    for (i, chunk) in b.chunks(16).enumerate() {
-        let _ = write!(out, "{:08x}  ", i * 16);
-        for j in 0..16 {
-            match chunk.get(j) {
-                Some(x) => {
-                    let _ = write!(out, "{x:02x} ");
-                }
-                None => out.push_str("   "),
-            }
-            if j == 7 {
-                out.push(' ');
-            }
-        }
-        out.push_str(" |");
-        out.extend(chunk.iter().map(|&c| {
-            if c.is_ascii_graphic() || c == b' ' {
-                c as char
-            } else {
-                '.'
-            }
-        }));
-        out.push_str("|\n");
-    }
-    out
 }
 
 /// A key or a header value: its UTF-8 text, or `0x…` hex when it is not text; scrubbed.
@@ -181,7 +152,7 @@ mod tests {
         assert_eq!(p.text.as_deref(), Some(r#"{"a":1}"#));
         assert_eq!(p.json.as_deref(), Some("{\n  \"a\": 1\n}"));
         assert!(p.hex.starts_with("00000000  7b 22 61 22"), "{}", p.hex);
-        assert!(p.hex.ends_with("|{\"a\":1}|\n"), "{}", p.hex);
+        assert!(p.hex.ends_with("{\"a\":1}\n"), "{}", p.hex);
         let (p, _) = payload(Some(b"\xff\xfe"), &Mask::default());
         assert!(p.text.is_none() && p.json.is_none() && p.present);
         let (p, _) = payload(None, &Mask::default());

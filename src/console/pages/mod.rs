@@ -1,10 +1,13 @@
 //! One file per page: each gathers its rows through `store`, turns them into display strings
 //! (`render`), and fills its template. The templates hold no logic beyond loops and ifs.
 
+pub mod audit;
 pub mod inbox;
+pub mod message;
 pub mod notifications;
 pub mod outbox;
 pub mod overview;
+pub mod parked;
 
 /// A query parameter as forms send it: an empty field is no filter.
 pub(crate) fn given(v: &Option<String>) -> Option<&str> {
