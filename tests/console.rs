@@ -29,6 +29,8 @@ struct World {
     channel: String,
     /// The poison payment's event id (no payment_id, a card number).
     card_event: uuid::Uuid,
+    /// A payment the batch consumer applied (for a redrive that must change nothing).
+    applied: Payment,
 }
 
 fn config_text(w: &World, console: &str) -> String {
@@ -102,11 +104,13 @@ async fn world() -> World {
         inbox: unique("console-inbox"),
         channel: unique("sms"),
         card_event: uuid::Uuid::now_v7(),
+        applied: Payment::new("u0", 10_000),
     };
     create_topic(&w.topic, 2).await;
     let config = Config::from_toml_str(&config_text(&w, "")).expect("config");
     let worker = start(config).await;
-    for i in 0..5 {
+    send(&w.topic, 0, Some(w.applied.event_id), &w.applied.json()).await;
+    for i in 1..5 {
         let pay = Payment::new(&format!("u{i}"), 10_000 + i);
         send(&w.topic, 0, Some(pay.event_id), &pay.json()).await;
     }
@@ -208,7 +212,7 @@ fn links(html: &str) -> Vec<String> {
     html.split("href=\"")
         .skip(1)
         .filter_map(|rest| rest.split('"').next())
-        .map(|h| h.replace("&amp;", "&"))
+        .map(|h| h.replace("&amp;", "&").replace("&#38;", "&"))
         .filter(|h| h.starts_with('/'))
         .collect()
 }
@@ -363,4 +367,386 @@ async fn security_defaults() {
         "the stylesheet too"
     );
     let _ = std::fs::remove_file(file);
+}
+
+async fn one(
+    db: &tokio_postgres::Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> i64 {
+    db.query_one(sql, params).await.unwrap().get(0)
+}
+
+/// A consumer's credits and dead letters (parked or resolved).
+async fn credits(db: &tokio_postgres::Client, consumer: &str) -> (i64, i64) {
+    let r = db
+        .query_one(
+            "SELECT (SELECT count(*) FROM cashback_credits WHERE consumer = $1),
+                    (SELECT count(*) FROM dead_letters WHERE consumer = $1)",
+            &[&consumer],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+/// The batch consumer's dead letter of `reason` (its id).
+async fn dead_letter_id(db: &tokio_postgres::Client, consumer: &str, reason: &str) -> i64 {
+    one(
+        db,
+        "SELECT id FROM dead_letters WHERE consumer = $1 AND reason = $2 ORDER BY id LIMIT 1",
+        &[&consumer, &reason],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parked_filters_and_message_pages() {
+    let w = world().await;
+    let c = console(&w, "").await;
+    let db = pg().await;
+    let rows = |html: &str| html.matches("<tr><td>").count();
+
+    let (status, all, _) = get(c.addr, &format!("/parked?consumer={}", w.batch)).await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(
+        rows(&all),
+        3,
+        "the batch consumer's three dead letters: {all}"
+    );
+    assert!(
+        !all.contains(&format!("<td>{}</td>", w.inbox)),
+        "another consumer's rows are filtered out: {all}"
+    );
+    let (_, inbox, _) = get(c.addr, &format!("/parked?consumer={}", w.inbox)).await;
+    assert_eq!(
+        rows(&inbox),
+        3,
+        "two dead letters and a FAILED row: {inbox}"
+    );
+    assert!(inbox.contains("inbox FAILED") && inbox.contains(&w.card_event.to_string()));
+    let (_, failed, _) = get(
+        c.addr,
+        &format!("/parked?consumer={}&reason=inbox_failed", w.inbox),
+    )
+    .await;
+    assert_eq!(rows(&failed), 1, "{failed}");
+    assert!(!failed.contains(">dead letter<"), "{failed}");
+    let (_, missing, _) = get(
+        c.addr,
+        &format!("/parked?consumer={}&reason=missing_event_id", w.batch),
+    )
+    .await;
+    assert_eq!(rows(&missing), 1, "{missing}");
+    let (_, p1, _) = get(c.addr, &format!("/parked?topic={}&partition=1", w.topic)).await;
+    assert_eq!(
+        rows(&p1),
+        2,
+        "partition 1 holds the card payment of both consumers: {p1}"
+    );
+    let (_, future, _) = get(
+        c.addr,
+        &format!("/parked?topic={}&since=2099-01-01T00:00", w.topic),
+    )
+    .await;
+    assert!(future.contains("Nothing parked matches"), "{future}");
+    let (_, past, _) = get(c.addr, &format!("/parked?topic={}&until=2h", w.topic)).await;
+    assert!(past.contains("Nothing parked matches"), "{past}");
+    let (_, recent, _) = get(c.addr, &format!("/parked?topic={}&since=1h", w.topic)).await;
+    assert_eq!(rows(&recent), 6, "{recent}");
+    assert_eq!(get(c.addr, "/parked?partition=x").await.0, 400);
+    // Keyset pages: one row a page walks every row once.
+    let c1 = console(&w, "page_size = 1").await;
+    let mut path = format!("/parked?topic={}", w.topic);
+    let mut seen = Vec::new();
+    loop {
+        let (_, page, _) = get(c1.addr, &path).await;
+        for l in links(&page)
+            .into_iter()
+            .filter(|l| l.starts_with("/parked/"))
+        {
+            seen.push(l);
+        }
+        match links(&page)
+            .into_iter()
+            .filter(|l| !l.contains("refresh=off"))
+            .find(|l| l.contains("dl_before") || l.contains("ib_before"))
+        {
+            Some(next) => path = next,
+            None => break,
+        }
+        assert!(seen.len() <= 6, "{seen:?}");
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 6, "{seen:?}");
+
+    // A dead letter's page: coordinates, reason, key, headers, the JSON masked.
+    let id = one(
+        &db,
+        "SELECT id FROM dead_letters WHERE consumer = $1 AND message_id = $2",
+        &[&w.batch, &w.card_event],
+    )
+    .await;
+    let (status, page, _) = get(c.addr, &format!("/parked/dead-letters/{id}")).await;
+    assert_eq!(status, 200, "{page}");
+    for want in [
+        w.topic.as_str(),
+        "console-test",
+        "k-1",
+        "12/29",
+        "***",
+        "JSON",
+        "UTF-8",
+        "Hex",
+        "payment_id",
+    ] {
+        assert!(page.contains(want), "the page lacks {want:?}: {page}");
+    }
+    assert!(!page.contains("4111"), "masked");
+    // Not JSON, with masking on: withheld rather than shown unmasked.
+    let undecodable = one(
+        &db,
+        "SELECT id FROM dead_letters WHERE consumer = $1 AND reason <> 'missing_event_id' AND message_id <> $2",
+        &[&w.batch, &w.card_event],
+    )
+    .await;
+    let (_, page, _) = get(c.addr, &format!("/parked/dead-letters/{undecodable}")).await;
+    assert!(page.contains("not shown: masking is configured"), "{page}");
+    // The FAILED inbox row's page.
+    let (status, page, _) = get(
+        c.addr,
+        &format!("/parked/inbox/{}/{}", w.inbox, w.card_event),
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("FAILED") && page.contains("12/29") && !page.contains("4111"),
+        "{page}"
+    );
+    assert_eq!(
+        get(c.addr, "/parked/dead-letters/999999999999").await.0,
+        404
+    );
+}
+
+/// A same-origin form POST, as the console's own pages send it.
+async fn post(
+    addr: SocketAddr,
+    path: &str,
+    form: &[(&str, String)],
+) -> (u16, String, Option<String>) {
+    let r = client()
+        .post(format!("http://{addr}{path}"))
+        .header("sec-fetch-site", "same-origin")
+        .form(form)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let location = r
+        .headers()
+        .get("location")
+        .map(|l| l.to_str().unwrap().to_string());
+    (status, r.text().await.unwrap(), location)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn actions_confirm_the_count_and_change_only_what_they_say() {
+    let w = world().await;
+    let db = pg().await;
+    let resolution = |id: i64| {
+        let db = &db;
+        async move {
+            db.query_one(
+                "SELECT resolution, resolved_by FROM dead_letters WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+        }
+    };
+
+    // Read-only: the confirmation step is refused too.
+    let ro = console(&w, "").await;
+    let undecodable = one(
+        &db,
+        "SELECT id FROM dead_letters WHERE consumer = $1 AND reason <> 'missing_event_id' AND message_id <> $2",
+        &[&w.batch, &w.card_event],
+    )
+    .await;
+    let form = vec![
+        ("verb", "discard-dead-letters".to_string()),
+        ("id", undecodable.to_string()),
+    ];
+    assert_eq!(post(ro.addr, "/actions/confirm", &form).await.0, 403);
+
+    let c = console(&w, "writes = true").await;
+    // One row: the count first, a wrong number changes nothing, the right one acts.
+    let (status, page, _) = post(c.addr, "/actions/confirm", &form).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains(&format!("dead letter #{undecodable}")) && page.contains("Type <b>1</b>"),
+        "{page}"
+    );
+    let mut wrong = form.clone();
+    wrong.push(("typed", "2".into()));
+    let (status, page, _) = post(c.addr, "/actions/do", &wrong).await;
+    assert_eq!(status, 409, "{page}");
+    assert!(page.contains("Nothing was done"), "{page}");
+    assert_eq!(
+        resolution(undecodable).await.get::<_, Option<String>>(0),
+        None
+    );
+    let mut right = form.clone();
+    right.push(("typed", "1".into()));
+    right.push(("note", "junk bytes".into()));
+    let (status, _, location) = post(c.addr, "/actions/do", &right).await;
+    assert_eq!(status, 303);
+    let row = resolution(undecodable).await;
+    assert_eq!(
+        row.get::<_, Option<String>>(0).as_deref(),
+        Some("discarded")
+    );
+    assert!(row.get::<_, String>(1).starts_with("console:127.0.0.1"));
+    let (status, audit, _) = get(c.addr, &location.unwrap()).await;
+    assert_eq!(status, 200);
+    assert!(
+        audit.contains("Done: discard of dead_letters, 1 row(s)") && audit.contains("junk bytes"),
+        "{audit}"
+    );
+    // Done already: the same form now matches nothing.
+    let (status, page, _) = post(c.addr, "/actions/do", &right).await;
+    assert_eq!(status, 409);
+    assert!(page.contains("Nothing matches now"), "{page}");
+
+    // A redrive of a message already applied changes nothing: park a copy of an applied
+    // payment, redrive it from the console, run the worker over the copy.
+    let before = credits(&db, &w.batch).await;
+    let copy = one(
+        &db,
+        "INSERT INTO dead_letters (consumer, topic, partition, \"offset\", message_id, reason, detail,
+                                   key, header_names, header_values, payload)
+         VALUES ($1, $2, 0, 1000000, $3, 'handler_error', 'parked by the test', 'k-1',
+                 '{event_id}', ARRAY[$4::bytea], $5) RETURNING id",
+        &[
+            &w.batch,
+            &w.topic,
+            &w.applied.event_id,
+            &w.applied.event_id.to_string().into_bytes(),
+            &w.applied.json(),
+        ],
+    )
+    .await;
+    let form = vec![
+        ("verb", "redrive".to_string()),
+        ("id", copy.to_string()),
+        ("typed", "1".into()),
+    ];
+    let (status, page, _) = post(c.addr, "/actions/do", &form).await;
+    assert_eq!(status, 303, "{page}");
+    assert_eq!(
+        resolution(copy)
+            .await
+            .get::<_, Option<String>>(0)
+            .as_deref(),
+        Some("redriven")
+    );
+    let config = Config::from_toml_str(&config_text(&w, "")).expect("config");
+    let worker = start(config).await;
+    let high = {
+        let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka_brokers())
+            .create()
+            .unwrap();
+        let topic = w.topic.clone();
+        tokio::task::spawn_blocking(move || {
+            rdkafka::consumer::Consumer::fetch_watermarks(
+                &consumer,
+                &topic,
+                0,
+                Duration::from_secs(10),
+            )
+            .unwrap()
+            .1
+        })
+        .await
+        .unwrap()
+    };
+    eventually(60, "the batch consumer read the redriven copy", || async {
+        stored_offset(&db, &w.batch, &w.topic, 0).await == Some(high)
+    })
+    .await;
+    worker.stop().await.unwrap();
+    // The copy's own row stays (resolved); no credit and no new dead letter.
+    assert_eq!(
+        credits(&db, &w.batch).await,
+        (before.0, before.1 + 1),
+        "credits and dead letters unchanged by the redrive"
+    );
+
+    // Every row matching a filter: the filter is run again for the count.
+    let filter = vec![
+        ("verb", "redrive".to_string()),
+        ("consumer", w.batch.clone()),
+        ("reason", "missing_event_id".into()),
+    ];
+    let (_, page, _) = post(c.addr, "/actions/confirm", &filter).await;
+    assert!(
+        page.contains("every parked dead letter matching consumer")
+            && page.contains("Type <b>1</b>"),
+        "{page}"
+    );
+    let mut typed = filter.clone();
+    typed.push(("typed", "1".into()));
+    assert_eq!(post(c.addr, "/actions/do", &typed).await.0, 303);
+    let id = dead_letter_id(&db, &w.batch, "missing_event_id").await;
+    assert_eq!(
+        resolution(id).await.get::<_, Option<String>>(0).as_deref(),
+        Some("redriven")
+    );
+
+    // The FAILED inbox row: replayed (PENDING again).
+    let replay = vec![
+        ("verb", "replay".to_string()),
+        ("consumer", w.inbox.clone()),
+        ("message_id", w.card_event.to_string()),
+        ("typed", "1".into()),
+    ];
+    assert_eq!(post(c.addr, "/actions/do", &replay).await.0, 303);
+    let status: String = db
+        .query_one(
+            "SELECT status FROM inbox WHERE consumer = $1 AND message_id = $2",
+            &[&w.inbox, &w.card_event],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "PENDING");
+
+    // The FAILED notification: retried (PENDING again), by channel filter.
+    let retry = vec![
+        ("verb", "retry-notifications".to_string()),
+        ("channel", w.channel.clone()),
+    ];
+    let (_, page, _) = post(c.addr, "/actions/confirm", &retry).await;
+    assert!(page.contains("Type <b>1</b>"), "{page}");
+    let mut typed = retry.clone();
+    typed.push(("typed", "1".into()));
+    assert_eq!(post(c.addr, "/actions/do", &typed).await.0, 303);
+    let n = one(
+        &db,
+        "SELECT count(*) FROM notifications WHERE channel = $1 AND status = 'PENDING'",
+        &[&w.channel],
+    )
+    .await;
+    assert_eq!(n, 1);
+
+    let (_, audit, _) = get(c.addr, "/audit").await;
+    for verb in ["discard", "redrive", "replay", "retry"] {
+        assert!(
+            audit.contains(&format!("<td>{verb}</td>")),
+            "{verb}: {audit}"
+        );
+    }
 }
