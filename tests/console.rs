@@ -750,3 +750,102 @@ async fn actions_confirm_the_count_and_change_only_what_they_say() {
         );
     }
 }
+
+/// Headless Chromium (Debian's `chromium`) with a fresh profile: `args` then `url`; stdout.
+fn chromium(args: &[String], url: &str) -> Option<String> {
+    let profile = std::env::temp_dir().join(unique("console-chromium"));
+    let out = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1280,1000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .ok()?;
+    let _ = std::fs::remove_dir_all(profile);
+    assert!(
+        out.status.success(),
+        "chromium: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_browser_renders_the_overview_and_a_parked_message() {
+    if std::process::Command::new("chromium")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: no chromium (apt-get install -y chromium)");
+        return;
+    }
+    let w = world().await;
+    let c = console(&w, "").await;
+    let db = pg().await;
+    let id = one(
+        &db,
+        "SELECT id FROM dead_letters WHERE consumer = $1 AND message_id = $2",
+        &[&w.batch, &w.card_event],
+    )
+    .await;
+    let img = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/img");
+    std::fs::create_dir_all(img).unwrap();
+    for (path, shot, wants) in [
+        (
+            "/".to_string(),
+            "console-overview.png",
+            vec![
+                w.batch.clone(),
+                w.inbox.clone(),
+                "missing_event_id".into(),
+                "Partitions".into(),
+            ],
+        ),
+        (
+            format!("/parked/dead-letters/{id}"),
+            "console-message.png",
+            vec![
+                w.topic.clone(),
+                "missing_field".into(),
+                "12/29".into(),
+                "Hex".into(),
+            ],
+        ),
+    ] {
+        let url = format!("http://{}{path}", c.addr);
+        let u = url.clone();
+        let dom = tokio::task::spawn_blocking(move || chromium(&["--dump-dom".into()], &u))
+            .await
+            .unwrap()
+            .expect("chromium runs");
+        // The rendered DOM: the page's data, the stylesheet applied (no CSP refusal of it).
+        for want in &wants {
+            assert!(
+                dom.contains(want.as_str()),
+                "{path}: the DOM lacks {want:?}: {dom}"
+            );
+        }
+        assert!(!dom.contains("4111"), "{path}: masked");
+        let file = format!("{img}/{shot}");
+        let arg = format!("--screenshot={file}");
+        let u = url.clone();
+        tokio::task::spawn_blocking(move || chromium(&[arg], &u))
+            .await
+            .unwrap()
+            .expect("chromium runs");
+        let png = std::fs::read(&file).expect("a screenshot");
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{file}");
+    }
+}
