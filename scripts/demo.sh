@@ -18,6 +18,10 @@
 # must still credit each payment once. Loadgen reads the topic back and prints how many records
 # the relay published again. Unpublished PaymentSucceeded rows left by an interrupted run are
 # published to this run's topic too (credited, not counted: verification goes by run id).
+# The web console (`effectively console`, read-only) runs beside the workers on DEMO_CONSOLE_ADDR
+# (default 127.0.0.1:9470, or a free port if that one is taken): its address is printed at the
+# start, and at the end how many of the run's parked messages (the poison) its parked page lists.
+# Run interactively, the demo then keeps the console up until Enter is pressed.
 # STACK_DIR picks the stack (default .stack/), as for scripts/stack.sh.
 #
 #   DEMO_SECONDS=60 DEMO_RATE=2000 DEMO_PROFILE=release DEMO_STRATEGY=batch DEMO_PROMETHEUS=0 \
@@ -153,6 +157,25 @@ crash_relay() {
   wait "$pid" 2>/dev/null || true
   wait "$locker" || true
 }
+# The console on DEMO_CONSOLE_ADDR, or on a free port if that one is taken; sets CONSOLE_URL.
+start_console() {
+  local addr=${DEMO_CONSOLE_ADDR:-127.0.0.1:9470} url=
+  for try in "$addr" 127.0.0.1:0; do
+    : >"$OUT/console.log"
+    "$BIN/effectively" console --config "$OUT/effectively.toml" --addr "$try" >>"$OUT/console.log" 2>&1 &
+    PIDS[console]=$!
+    for _ in $(seq 1 50); do
+      url=$(grep -o 'console listening on http://[^ ]*/' "$OUT/console.log" | head -1 | sed 's/.* on //')
+      [ -n "$url" ] && break
+      kill -0 "${PIDS[console]}" 2>/dev/null || break
+      sleep 0.1
+    done
+    [ -n "$url" ] && break
+    kill -TERM "${PIDS[console]}" 2>/dev/null || true
+    wait "${PIDS[console]}" 2>/dev/null || true
+  done
+  CONSOLE_URL=${url%/}
+}
 cleanup() {
   for w in "${!PIDS[@]}"; do kill -TERM "${PIDS[$w]}" 2>/dev/null || true; done
   [ -n "${PROM:-}" ] && kill -TERM "$PROM" 2>/dev/null
@@ -169,6 +192,13 @@ if [ "${DEMO_PROMETHEUS:-0}" = 1 ]; then
     --web.listen-address=127.0.0.1:9090 >"$OUT/prometheus.log" 2>&1 &
   PROM=$!
   say "prometheus on http://127.0.0.1:9090 (data: $OUT/prometheus)"
+fi
+
+start_console
+if [ -n "$CONSOLE_URL" ]; then
+  say "web console on $CONSOLE_URL/ (parked messages: $CONSOLE_URL/parked?consumer=$CONSUMER)"
+else
+  say "web console did not start (see $OUT/console.log)"
 fi
 
 say "starting workers a and b (logs: $OUT/worker-*.log)"
@@ -227,6 +257,18 @@ if [ "$VIA_OUTBOX" = 1 ]; then
   kill -TERM "${PIDS[relay]}" 2>/dev/null || true
   wait "${PIDS[relay]}" || { echo "the relay did not exit cleanly" >&2; VERIFIED=1; }
   unset 'PIDS[relay]'
+fi
+
+if [ -n "$CONSOLE_URL" ]; then
+  # The run's poison, as the console's parked page lists it (rows of its first page).
+  PAGE=$(curl -fsS "$CONSOLE_URL/parked?consumer=$CONSUMER&refresh=off" || true)
+  SHOWN=$(grep -c '<tr><td>' <<<"$PAGE" || true)
+  say "web console: $SHOWN parked message(s) of $CONSUMER at $CONSOLE_URL/parked?consumer=$CONSUMER"
+  if [ -t 0 ] && [ "${DEMO_CONSOLE_HOLD:-1}" = 1 ]; then
+    read -r -p "The console stays up at $CONSOLE_URL/ until you press Enter. " _ || true
+  else
+    echo "(later: $BIN/effectively console -c $OUT/effectively.toml)"
+  fi
 fi
 
 if [ "$VERIFIED" -eq 0 ]; then
