@@ -113,6 +113,19 @@ pub struct Shared {
     pub(crate) redriver: Option<crate::operator::Redriver>,
 }
 
+impl Shared {
+    /// A pooled connection for a page, with parallel query off: a page's capped count finishes
+    /// sooner alone than with workers to start, and on a small machine those workers take the
+    /// engine's cores (a time-window page's p99 on 1,000,000 rows went from 213 ms to the
+    /// figure in docs/PERFORMANCE.md).
+    pub(crate) async fn db(&self) -> Result<deadpool_postgres::Object, ConsoleError> {
+        let c = self.pool.get().await?;
+        c.batch_execute("SET max_parallel_workers_per_gather = 0")
+            .await?;
+        Ok(c)
+    }
+}
+
 /// A console bound to its address, not yet serving (tests bind `127.0.0.1:0` and read
 /// [`Bound::addr`]).
 pub struct Bound {

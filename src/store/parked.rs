@@ -163,13 +163,15 @@ status = 'FAILED'
   AND ($5::timestamptz IS NULL OR received_at >= $5)
   AND ($6::timestamptz IS NULL OR received_at < $6)";
 
-const SUMMARY_COLUMNS: &str = "id, consumer, topic, partition, \"offset\", message_id, reason, \
+pub(crate) const SUMMARY_COLUMNS: &str =
+    "id, consumer, topic, partition, \"offset\", message_id, reason, \
                                detail, attempts, first_seen, last_seen";
 
-const FAILED_COLUMNS: &str = "consumer, message_id, event_date, seq, ordering_key, attempts, \
+pub(crate) const FAILED_COLUMNS: &str =
+    "consumer, message_id, event_date, seq, ordering_key, attempts, \
                               last_error, topic, partition, \"offset\", received_at";
 
-fn summary(r: &tokio_postgres::Row) -> DeadLetterSummary {
+pub(crate) fn summary(r: &tokio_postgres::Row) -> DeadLetterSummary {
     DeadLetterSummary {
         id: r.get(0),
         consumer: r.get(1),
@@ -185,7 +187,7 @@ fn summary(r: &tokio_postgres::Row) -> DeadLetterSummary {
     }
 }
 
-fn failed(r: &tokio_postgres::Row) -> FailedSummary {
+pub(crate) fn failed(r: &tokio_postgres::Row) -> FailedSummary {
     FailedSummary {
         consumer: r.get(0),
         message_id: r.get(1),

@@ -61,7 +61,7 @@ pub async fn page(
         .transpose()
         .map_err(|_| bad("before"))?;
     let limit = s.settings.page_size as i64;
-    let db = s.pool.get().await?;
+    let db = s.db().await?;
     let done = match action {
         None => None,
         Some(a) => {

@@ -94,7 +94,7 @@ pub async fn page(
         aggregate: given(&p.after_aggregate).map(str::to_string),
         version: number(&p.after_version, "after_version")?,
     };
-    let db = s.pool.get().await?;
+    let db = s.db().await?;
     let now = Utc::now();
     let limit = s.settings.page_size as i64;
     let (mut rows, mut tabs, mut next, mut gaps, mut gaps_of) =

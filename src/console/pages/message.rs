@@ -50,7 +50,7 @@ pub async fn dead_letter(
     Path(id): Path<i64>,
     uri: Uri,
 ) -> Result<Response, ConsoleError> {
-    let db = s.pool.get().await?;
+    let db = s.db().await?;
     let d = parked::dead_letter(&**db, id)
         .await?
         .ok_or_else(|| ConsoleError::NotFound(format!("No dead letter {id}.")))?;
@@ -121,7 +121,7 @@ pub async fn inbox_row(
     Path((consumer, message_id)): Path<(String, uuid::Uuid)>,
     uri: Uri,
 ) -> Result<Response, ConsoleError> {
-    let db = s.pool.get().await?;
+    let db = s.db().await?;
     let r = parked::inbox_row(&**db, &consumer, message_id)
         .await?
         .ok_or_else(|| {

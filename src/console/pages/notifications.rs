@@ -63,7 +63,7 @@ pub async fn page(
         channel: given(&p.after_channel).map(str::to_string),
     };
     let limit = s.settings.page_size as i64;
-    let db = s.pool.get().await?;
+    let db = s.db().await?;
     let now = Utc::now();
     let tabs = browse::notifications_by_status(&**db, CAP)
         .await?

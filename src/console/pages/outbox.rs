@@ -48,7 +48,7 @@ pub async fn page(
         .transpose()
         .map_err(|_| ConsoleError::BadRequest("after must be a number".into()))?;
     let limit = s.settings.page_size as i64;
-    let db = s.pool.get().await?;
+    let db = s.db().await?;
     let items = browse::outbox_page(&**db, published, after, limit).await?;
     let now = Utc::now();
     let next = (items.len() as i64 == limit).then(|| {

@@ -64,7 +64,7 @@ fn count(c: Capped) -> String {
 }
 
 pub async fn page(State(s): State<Arc<Shared>>, uri: Uri) -> Result<Response, ConsoleError> {
-    let db = s.pool.get().await?;
+    let db = s.db().await?;
     let now = Utc::now();
     let mut consumers = Vec::new();
     let mut offsets = Vec::new();

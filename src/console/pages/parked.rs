@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use crate::console::render::{ago, capped, short, time};
 use crate::console::{html, Chrome, ConsoleError, Shared};
-use crate::store::browse::CAP;
+use crate::store::browse::{self, CAP, WINDOW_CAP};
 use crate::store::parked::{self, Filter, INBOX_REASON};
 
 use super::{encode, given, query};
@@ -108,6 +108,9 @@ pub struct Params {
     filter: FilterForm,
     dl_before: Option<String>,
     ib_before: Option<String>,
+    /// With a time window, the cursors' times (the last rows shown were parked then).
+    dl_at: Option<String>,
+    ib_at: Option<String>,
 }
 
 #[derive(Template)]
@@ -156,12 +159,30 @@ pub async fn list(
         number(&p.ib_before, "ib_before")?,
     );
     let limit = s.settings.page_size as i64;
-    let db = s.pool.get().await?;
+    let db = s.db().await?;
     let now = Utc::now();
-    let dls = parked::dead_letters(&**db, &f, dl_before, limit).await?;
-    let fails = parked::failed_inbox(&**db, &f, ib_before, limit).await?;
-    let dl_count = parked::count_dead_letters(&**db, &f, CAP).await?;
-    let ib_count = parked::count_failed_inbox(&**db, &f, CAP).await?;
+    // A time window pages by time (see `browse::dead_letters_in_window`), else by id and seq.
+    let window = f.since.is_some() || f.until.is_some();
+    let at = |v: &Option<String>, name: &str| {
+        given(v)
+            .map(|t| DateTime::parse_from_rfc3339(t).map(|t| t.with_timezone(&Utc)))
+            .transpose()
+            .map_err(|_| ConsoleError::BadRequest(format!("{name} is malformed")))
+    };
+    let (dl_at, ib_at) = (at(&p.dl_at, "dl_at")?, at(&p.ib_at, "ib_at")?);
+    let (dls, fails) = match window {
+        false => (
+            parked::dead_letters(&**db, &f, dl_before, limit).await?,
+            parked::failed_inbox(&**db, &f, ib_before, limit).await?,
+        ),
+        true => (
+            browse::dead_letters_in_window(&**db, &f, dl_at.zip(dl_before), limit).await?,
+            browse::failed_inbox_in_window(&**db, &f, ib_at.zip(ib_before), limit).await?,
+        ),
+    };
+    let cap = if window { WINDOW_CAP } else { CAP };
+    let dl_count = parked::count_dead_letters(&**db, &f, cap).await?;
+    let ib_count = parked::count_failed_inbox(&**db, &f, cap).await?;
     // Merge by time, newest first, one page.
     enum Item {
         D(parked::DeadLetterSummary),
@@ -176,12 +197,14 @@ pub async fn list(
     let cut = items.len() > limit as usize;
     items.truncate(limit as usize);
     let (mut next_dl, mut next_ib) = (dl_before, ib_before);
+    let (mut next_dl_at, mut next_ib_at) = (dl_at, ib_at);
     let mut rows = Vec::with_capacity(items.len());
     let errors_hidden = s.mask.is_active();
     for (at, item) in items {
         rows.push(match item {
             Item::D(d) => {
                 next_dl = Some(d.id);
+                next_dl_at = Some(d.last_seen);
                 Row {
                     kind: "dead letter",
                     href: format!("/parked/dead-letters/{}", d.id),
@@ -199,6 +222,7 @@ pub async fn list(
             }
             Item::I(i) => {
                 next_ib = Some(i.seq);
+                next_ib_at = Some(i.received_at);
                 Row {
                     kind: "inbox FAILED",
                     href: format!("/parked/inbox/{}/{}", encode(&i.consumer), i.message_id),
@@ -217,11 +241,16 @@ pub async fn list(
         let mut pairs = p.filter.pairs();
         pairs.push(("dl_before", next_dl.map(|v| v.to_string())));
         pairs.push(("ib_before", next_ib.map(|v| v.to_string())));
+        if window {
+            let stamp = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+            pairs.push(("dl_at", next_dl_at.map(stamp)));
+            pairs.push(("ib_at", next_ib_at.map(stamp)));
+        }
         format!("/parked{}", query(&pairs))
     });
     let mut reasons = Vec::new();
     for c in &s.consumers {
-        for (r, _) in crate::store::browse::dead_letters_by_reason(&**db, &c.name, 1).await? {
+        for (r, _) in browse::dead_letters_by_reason(&**db, &c.name, 1).await? {
             reasons.push(r);
         }
     }
