@@ -260,10 +260,10 @@ if [ "$VIA_OUTBOX" = 1 ]; then
 fi
 
 if [ -n "$CONSOLE_URL" ]; then
-  # The run's poison, as the console's parked page lists it (rows of its first page).
+  # The run's poison, as the console's parked page counts it: dead letters, FAILED inbox rows.
   PAGE=$(curl -fsS "$CONSOLE_URL/parked?consumer=$CONSUMER&refresh=off" || true)
-  SHOWN=$(grep -c '<tr><td>' <<<"$PAGE" || true)
-  say "web console: $SHOWN parked message(s) of $CONSUMER at $CONSOLE_URL/parked?consumer=$CONSUMER"
+  COUNTS=($(grep -o '<b class="bad">[0-9,+]*</b>' <<<"$PAGE" | sed 's/<[^>]*>//g' || true))
+  say "web console: ${COUNTS[0]:-?} dead letter(s) and ${COUNTS[1]:-?} FAILED inbox row(s) of $CONSUMER at $CONSOLE_URL/parked?consumer=$CONSUMER"
   if [ -t 0 ] && [ "${DEMO_CONSOLE_HOLD:-1}" = 1 ]; then
     read -r -p "The console stays up at $CONSOLE_URL/ until you press Enter. " _ || true
   else
