@@ -3,6 +3,7 @@
 //!
 //! - Ready only once the group's assignment went through the rebalance callback, alive
 //!   meanwhile (the claim that assignment waits for is held behind a row lock).
+//! - Ready with no partition: the second member of a group on a one-partition topic.
 //! - Not ready while a revocation drains (a handler that holds its batch until released).
 //! - Not ready while PostgreSQL is unreachable (the worker's database is a TCP proxy the test
 //!   closes and opens again), alive meanwhile, ready again once it answers.
@@ -116,6 +117,45 @@ async fn ready_once_the_group_assigned_alive_while_the_assignment_waits() {
     let r = health.readiness();
     assert!(!r.ok && r.text.contains("stopping"), "{}", r.text);
     assert!(health.liveness().ok, "{}", health.liveness().text);
+}
+
+#[tokio::test]
+async fn a_member_the_group_gives_no_partition_is_ready() {
+    let topic = common::unique("health-idle");
+    let consumer = common::unique("health-idle");
+    common::create_topic(&topic, 1).await;
+    let cfg = config(&consumer, &topic, r#"{ kind = "cashback" }"#, "");
+    let a = common::start(cfg.clone()).await;
+    until(a.endpoint().unwrap(), "/readyz", 200, "ready", 30).await;
+    // A stored offset, so that whichever member holds the partition knows where it is.
+    let db = common::pg().await;
+    common::send_payments(
+        &common::producer(),
+        &topic,
+        Some(0),
+        &[Payment::new(&common::unique("u"), 10_000)],
+    )
+    .await;
+    eventually(30, "the payment credited", || {
+        let (db, c) = (&db, &consumer);
+        async move { common::ledger(db, c).await.credits == 1 }
+    })
+    .await;
+    let b = common::start(cfg).await;
+    let b_addr = b.endpoint().unwrap();
+    until(b_addr, "/readyz", 200, "ready", 30).await;
+    // One partition, two members: one of them holds nothing, and both are ready.
+    let held = |w: &effectively::worker::Worker| {
+        w.stats(&consumer)
+            .map(|s| s.committed_offsets().len())
+            .unwrap_or(0)
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(held(&a) + held(&b), 1, "the one partition is held once");
+    assert_eq!(get(a.endpoint().unwrap(), "/readyz").await.0, 200);
+    assert_eq!(get(b_addr, "/readyz").await.0, 200);
+    b.stop().await.unwrap();
+    a.stop().await.unwrap();
 }
 
 /// Cashback, except that `apply` waits until the gate opens, counting the calls that entered.
