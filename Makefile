@@ -36,6 +36,13 @@ lint:
 monitoring-check:
 	bash scripts/check-monitoring.sh
 
+# The deployment examples under deploy/ (Kubernetes manifests, the systemd unit), offline: a Go
+# checker (deploy/check: k8s.io/api's typed structs, strict; our probe, grace-period and selector
+# rules), systemd-analyze verify, and broken copies that must be refused. No cluster needed.
+.PHONY: deploy-check
+deploy-check:
+	bash scripts/check-deploy.sh
+
 # Debug builds carry the chaos failpoints (inert unless FAILPOINTS is set); release never does.
 DEBUG_FEATURES := --features effectively/failpoints
 
@@ -44,7 +51,7 @@ DEBUG_FEATURES := --features effectively/failpoints
 # (10 s at 500 msg/s) that must verify, then one short failover scenario on the cluster stack
 # (an asynchronous standby promoted without the primary's last commits: nothing lost) and the
 # cluster stopped again.
-test: up lint monitoring-check migrate
+test: up lint monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) cargo test --workspace $(DEBUG_FEATURES)
 	$(WITH_ENV) target/debug/loadgen chaos --quick

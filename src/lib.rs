@@ -15,6 +15,8 @@
 //!   the outbox and notifications, and the operator's actions behind typed confirmations; its
 //!   read-only queries in [`store::browse`].
 //! - [`worker`]: wires config, pool, handlers and one source per consumer; shutdown.
+//! - [`endpoint`]: the monitoring endpoint of `run`, `relay` and `send`: `/metrics`,
+//!   `/healthz`, `/readyz`.
 //! - [`relay`]: the outbox relay: publishes `outbox` rows to Kafka in order per aggregate.
 //! - [`sender`]: the notification sender: delivers `notifications` to providers with
 //!   idempotency keys; [`provider_stub`] is a provider that honours them as Stripe's API does,
@@ -46,14 +48,19 @@
 //!   what rounds (pure; `[consumer.version]`).
 //! - [`batch`], [`envelope`] (decoding a record: message id, event date, rejections),
 //!   [`config`], [`stats`], [`metrics`] (every Prometheus metric and the event that moves it); [`ceiling`], the SQL ceiling benchmark.
+//! - [`health`]: liveness (every loop's heartbeat) and readiness (the database probe, group
+//!   membership, drains, failovers), fed by [`source`], [`inbox`], [`worker`], [`relay`] and
+//!   [`sender`]; it imports none of them.
 
 pub mod batch;
 pub mod ceiling;
 pub mod cli;
 pub mod config;
 pub mod console;
+pub mod endpoint;
 pub mod envelope;
 pub mod handler;
+pub mod health;
 pub mod inbox;
 pub mod metrics;
 pub mod operator;

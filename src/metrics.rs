@@ -1,8 +1,9 @@
 //! Prometheus metrics: every name in one place, with its description and unit, and one
 //! function per event that matters (`batch_committed(..)`), so the rest of the code never
 //! spells a metric name. Labels are `consumer`, `topic`, `partition`, `reason` and `phase`:
-//! all bounded (never an event id). Served by `metrics-exporter-prometheus` on
-//! `--metrics-addr` (default 127.0.0.1:9464); `docs/OPERATIONS.md` says what each one means.
+//! all bounded (never an event id). Recorded by `metrics-exporter-prometheus` and served by
+//! [`crate::endpoint`] on `--metrics-addr` (default 127.0.0.1:9464) beside `/healthz` and
+//! `/readyz`; `docs/OPERATIONS.md` says what each one means.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Unit,
 };
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::strategy::Outcome;
 
@@ -122,37 +123,46 @@ pub const DEFAULT_RELAY_ADDR: SocketAddr =
 pub const DEFAULT_SENDER_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9484);
 
-static INSTALLED: OnceLock<SocketAddr> = OnceLock::new();
+static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// How often the recorder's upkeep runs (drains the histograms' buckets so they stay small
+/// between scrapes); the exporter's own listener used the same 5 s.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("metrics endpoint on {addr}: {source}")]
-    Install {
-        addr: SocketAddr,
-        source: metrics_exporter_prometheus::BuildError,
-    },
+    #[error("metrics recorder: {0}")]
+    Install(#[from] metrics_exporter_prometheus::BuildError),
 }
 
-/// Starts the `/metrics` endpoint on `addr` (once per process: a second call, as when tests
-/// start several workers in one process, keeps the first endpoint).
-pub fn install(addr: SocketAddr) -> Result<(), MetricsError> {
-    if INSTALLED.get().is_some() {
-        return Ok(());
+/// The process's Prometheus recorder, installed at the first call (tests start several
+/// workers in one process: they share it). Its handle renders `/metrics`
+/// ([`crate::endpoint`]); its upkeep runs on a thread of its own, so that it outlives the
+/// runtime of whichever test or command installed it.
+pub fn recorder() -> Result<&'static PrometheusHandle, MetricsError> {
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = INSTALLING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(h) = RECORDER.get() {
+        return Ok(h);
     }
     let seconds = [
         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     ];
     let sizes = [1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0];
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), &sizes))
-        .and_then(|b| b.install())
-        .map_err(|source| MetricsError::Install { addr, source })?;
-    let _ = INSTALLED.set(addr);
+        .and_then(|b| b.install_recorder())?;
+    let h = RECORDER.get_or_init(|| handle);
     describe();
-    tracing::info!(%addr, "metrics endpoint listening on /metrics");
-    Ok(())
+    std::thread::Builder::new()
+        .name("metrics-upkeep".into())
+        .spawn(move || loop {
+            std::thread::sleep(UPKEEP_EVERY);
+            h.run_upkeep();
+        })
+        .expect("spawning a thread");
+    Ok(h)
 }
 
 fn describe() {

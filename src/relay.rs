@@ -16,6 +16,7 @@
 //! the row locks keep them off each other's rows, and each aggregate's rows are taken by one
 //! relay at a time, so its order holds.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
@@ -23,7 +24,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, Published, RelayConfig, RetryConfig};
+use crate::config::{Config, DatabaseConfig, Published, RelayConfig, RetryConfig};
+use crate::health::Health;
 use crate::store::{outbox, pool, StoreError};
 
 /// Why the relay stopped, or a round failed.
@@ -62,6 +64,9 @@ pub struct Relay {
     types: Option<Vec<String>>,
     pool: Pool,
     producer: FutureProducer,
+    /// For the readiness probe, on a connection of its own.
+    database: DatabaseConfig,
+    health: Arc<Health>,
 }
 
 impl Relay {
@@ -90,7 +95,23 @@ impl Relay {
             config: relay,
             pool: pool::build_for(&config.database, &opts)?,
             producer: producer.create()?,
+            database: config.database.clone(),
+            health: Health::new(),
         })
+    }
+
+    /// The relay's liveness and readiness (PostgreSQL reachable), for `/healthz` and `/readyz`.
+    pub fn health(&self) -> Arc<Health> {
+        Arc::clone(&self.health)
+    }
+
+    /// The longest gap between two rounds' starts when nothing is wrong: the longest wait
+    /// (the poll interval, or a backoff of up to 5 s), the broker's acknowledgement
+    /// (`publish_timeout`) and a silent database's statements.
+    fn period(&self) -> Duration {
+        self.config.poll_interval.max(Duration::from_secs(5))
+            + self.config.publish_timeout
+            + pool::SILENT_SERVER_TIMEOUT
     }
 
     /// One round (module docs, 1 to 4); returns how many rows it published.
@@ -176,13 +197,17 @@ impl Relay {
         };
         let mut failures = 0u32;
         let mut sampled: Option<Instant> = None;
+        let beat = self.health.register("relay", self.period());
+        let _probe =
+            crate::health::spawn_database_watch(self.database.clone(), self.health(), &stop);
         loop {
+            beat.beat();
             if sampled.is_none_or(|t| t.elapsed() >= Duration::from_secs(15)) {
                 sampled = Some(Instant::now());
                 self.sample().await;
             }
             let wait = tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => break,
                 r = self.round() => match r {
                     Ok(n) => {
                         failures = 0;
@@ -200,10 +225,12 @@ impl Relay {
                 },
             };
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+        // Ends on purpose: not a dead loop for `/healthz`.
+        self.health.stopping();
     }
 
     async fn sample(&self) {

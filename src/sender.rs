@@ -28,7 +28,8 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ChannelConfig, Config, OnInterrupted, SenderConfig};
+use crate::config::{ChannelConfig, Config, DatabaseConfig, OnInterrupted, SenderConfig};
+use crate::health::Health;
 use crate::store::notifications::{self, Claimed, Finish};
 use crate::store::{pool, StoreError};
 
@@ -93,6 +94,9 @@ pub struct Sender {
     channels: Vec<String>,
     pool: Pool,
     http: reqwest::Client,
+    /// For the readiness probe, on a connection of its own.
+    database: DatabaseConfig,
+    health: std::sync::Arc<Health>,
 }
 
 impl Sender {
@@ -110,7 +114,23 @@ impl Sender {
                 .build()?,
             pool: pool::build_for(&config.database, &opts)?,
             config: sender,
+            database: config.database.clone(),
+            health: Health::new(),
         })
+    }
+
+    /// The sender's liveness and readiness (PostgreSQL reachable), for `/healthz` and `/readyz`.
+    pub fn health(&self) -> std::sync::Arc<Health> {
+        std::sync::Arc::clone(&self.health)
+    }
+
+    /// The longest gap between two rounds' starts when nothing is wrong: the longest wait (the
+    /// poll interval or the longest backoff), a delivery (a lookup and a call, each bounded by
+    /// `request_timeout`) and a silent database's statements.
+    fn period(&self) -> Duration {
+        self.config.poll_interval.max(self.config.retry.max_backoff)
+            + self.config.request_timeout * 2
+            + pool::SILENT_SERVER_TIMEOUT
     }
 
     /// One round: claim up to `batch` notifications, deliver them concurrently, record each
@@ -304,13 +324,17 @@ impl Sender {
         }
         let mut sampled: Option<std::time::Instant> = None;
         let mut failures = 0u32;
+        let beat = self.health.register("sender", self.period());
+        let _probe =
+            crate::health::spawn_database_watch(self.database.clone(), self.health(), &stop);
         loop {
+            beat.beat();
             if sampled.is_none_or(|t| t.elapsed() >= Duration::from_secs(15)) {
                 sampled = Some(std::time::Instant::now());
                 self.sample().await;
             }
             let wait = tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => break,
                 r = self.round() => match r {
                     Ok(done) => {
                         failures = 0;
@@ -328,10 +352,12 @@ impl Sender {
                 },
             };
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(wait) => {}
             }
         }
+        // Ends on purpose: not a dead loop for `/healthz`.
+        self.health.stopping();
     }
 
     async fn sample(&self) {

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Strategy as StrategyKind};
 use crate::handler::Registry;
+use crate::health::{Health, Heartbeat};
 use crate::inbox::processor::{self, ProcessorError, Processors};
 use crate::prefilter::Prefilter;
 use crate::source::consumer::{Source, SourceError};
@@ -59,6 +60,9 @@ impl From<TaskError> for WorkerError {
 /// A running worker.
 pub struct Worker {
     stats: HashMap<String, Arc<Stats>>,
+    health: Arc<Health>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
+    endpoint: Option<std::net::SocketAddr>,
     shutdown: CancellationToken,
     tasks: JoinSet<Result<(), TaskError>>,
 }
@@ -95,10 +99,13 @@ impl Worker {
             return Err(WorkerError::NotMigrated);
         }
 
+        let health = Health::new();
+        let mut endpoint = None;
         if let Some(addr) = config.worker.metrics_addr {
             // A monitoring endpoint that cannot bind must not stop the ledger: say so loudly.
-            if let Err(e) = crate::metrics::install(addr) {
-                tracing::error!(error = %e, "metrics endpoint not started");
+            match crate::endpoint::serve(addr, Arc::clone(&health)) {
+                Ok(bound) => endpoint = Some(bound),
+                Err(e) => tracing::error!(error = %e, "monitoring endpoint not started"),
             }
         }
         let known = Arc::new(Known::default());
@@ -163,6 +170,7 @@ impl Worker {
                             stored: Arc::clone(&stored),
                             stats: Arc::clone(&s),
                             deadline: config.database.transaction_deadline,
+                            health: health.consumer(&c.name),
                         }),
                         c.inbox.processors,
                     ));
@@ -186,6 +194,7 @@ impl Worker {
                 strategy,
                 partitions: Arc::clone(&known),
                 stats: s,
+                health: health.consumer(&c.name),
             });
         }
         for source in sources {
@@ -226,8 +235,15 @@ impl Worker {
             known,
             ahead,
             longest_retention,
+            health.register("maintenance", MAINTENANCE_PERIOD),
             shutdown.child_token(),
         ));
+        let probe =
+            crate::health::watch_database(db.clone(), Arc::clone(&health), shutdown.child_token());
+        tasks.spawn(async move {
+            probe.await;
+            Ok(())
+        });
         let names: Vec<String> = config.consumers.iter().map(|c| c.name.clone()).collect();
         let versioned: Vec<(String, Duration)> = (config.consumers.iter())
             .filter_map(|c| {
@@ -248,6 +264,8 @@ impl Worker {
         tracing::info!(worker = %worker_id, consumers = config.consumers.len(), "worker started");
         Ok(Worker {
             stats,
+            health,
+            endpoint,
             shutdown,
             tasks,
         })
@@ -256,6 +274,17 @@ impl Worker {
     /// The counters of one consumer.
     pub fn stats(&self, consumer: &str) -> Option<Arc<Stats>> {
         self.stats.get(consumer).cloned()
+    }
+
+    /// The worker's liveness and readiness, as `/healthz` and `/readyz` report them.
+    pub fn health(&self) -> Arc<Health> {
+        Arc::clone(&self.health)
+    }
+
+    /// Where the monitoring endpoint listens (the bound port when `worker.metrics_addr` asked
+    /// for port 0), if it started.
+    pub fn endpoint(&self) -> Option<std::net::SocketAddr> {
+        self.endpoint
     }
 
     /// Resolves when a consumer stopped on its own (a fatal error), with that error.
@@ -271,6 +300,8 @@ impl Worker {
 
     /// Stops fetching, finishes in-flight batches, leaves the groups.
     pub async fn stop(mut self) -> Result<(), WorkerError> {
+        // First: readiness fails at once, and the loops that end now end on purpose.
+        self.health.stopping();
         self.shutdown.cancel();
         let mut result = Ok(());
         while let Some(r) = self.tasks.join_next().await {
@@ -300,6 +331,12 @@ pub async fn run(
     }
 }
 
+/// The maintenance loop's heartbeat period: it beats this often while it sleeps between
+/// hourly runs, and one run (creating and dropping a few partitions, each statement bounded
+/// by the server's own timeouts) may take up to two more periods before `/healthz` calls it
+/// stale.
+const MAINTENANCE_PERIOD: Duration = Duration::from_secs(600);
+
 /// Retention maintenance, hourly: creates the dedupe partitions ahead and drops those past
 /// the longest declared retention. Runs on a connection of its own (a detach cannot run in a
 /// transaction) and only where it gets the maintenance lock: one instance at a time.
@@ -308,9 +345,11 @@ async fn maintain_partitions(
     known: Arc<Known>,
     ahead: u32,
     retention_days: i32,
+    beat: Heartbeat,
     stop: CancellationToken,
 ) -> Result<(), TaskError> {
     loop {
+        beat.beat();
         let today = chrono::Utc::now().date_naive();
         match pool::connect_to(&db).await {
             Ok(client) => {
@@ -328,7 +367,7 @@ async fn maintain_partitions(
         }
         tokio::select! {
             _ = stop.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+            _ = beat.during(tokio::time::sleep(Duration::from_secs(3600))) => {}
         }
     }
 }

@@ -114,7 +114,7 @@ pub enum Command {
         /// The TOML config file (`KAFKA_BROKERS` and `DATABASE_URL` override it).
         #[arg(long, short, default_value = "effectively.toml")]
         config: PathBuf,
-        /// Where to serve Prometheus metrics (`/metrics`), or `off`. Default: the config's
+        /// Where to serve `/metrics`, `/healthz` and `/readyz`, or `off`. Default: the config's
         /// `worker.metrics_addr`, else 127.0.0.1:9464 (loopback unless configured).
         #[arg(long)]
         metrics_addr: Option<String>,
@@ -125,7 +125,7 @@ pub enum Command {
         /// The TOML config file (`KAFKA_BROKERS` and `DATABASE_URL` override it).
         #[arg(long, short, default_value = "effectively.toml")]
         config: PathBuf,
-        /// Where to serve Prometheus metrics (`/metrics`), or `off`. Default: the config's
+        /// Where to serve `/metrics`, `/healthz` and `/readyz`, or `off`. Default: the config's
         /// `worker.metrics_addr`, else 127.0.0.1:9474.
         #[arg(long)]
         metrics_addr: Option<String>,
@@ -136,7 +136,7 @@ pub enum Command {
         /// The TOML config file (`DATABASE_URL` overrides it).
         #[arg(long, short, default_value = "effectively.toml")]
         config: PathBuf,
-        /// Where to serve Prometheus metrics (`/metrics`), or `off`. Default: the config's
+        /// Where to serve `/metrics`, `/healthz` and `/readyz`, or `off`. Default: the config's
         /// `worker.metrics_addr`, else 127.0.0.1:9484.
         #[arg(long)]
         metrics_addr: Option<String>,
@@ -282,8 +282,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             // The pool connects lazily: a wrong CA or host name must stop the start, not
             // repeat in the loop's retries.
             store::pool::connect_to(&config.database).await?;
-            serve_metrics(metrics_addr, &config, crate::metrics::DEFAULT_RELAY_ADDR)?;
             let relay = crate::relay::Relay::new(&config)?;
+            serve_metrics(
+                metrics_addr,
+                &config,
+                crate::metrics::DEFAULT_RELAY_ADDR,
+                relay.health(),
+            )?;
             until_signal("outbox relay", |stop| relay.run(stop)).await
         }
         Command::Send {
@@ -292,8 +297,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         } => {
             let config = Config::load(&config)?;
             store::pool::connect_to(&config.database).await?; // as for the relay
-            serve_metrics(metrics_addr, &config, crate::metrics::DEFAULT_SENDER_ADDR)?;
             let sender = crate::sender::Sender::new(&config)?;
+            serve_metrics(
+                metrics_addr,
+                &config,
+                crate::metrics::DEFAULT_SENDER_ADDR,
+                sender.health(),
+            )?;
             until_signal("notification sender", |stop| sender.run(stop)).await
         }
         Command::Console { config, addr } => {
@@ -499,16 +509,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-/// Serves `/metrics` where [`metrics_addr_of`] says, if anywhere. An endpoint that cannot bind
-/// is logged, not fatal, as for `run`.
+/// Serves `/metrics`, `/healthz` and `/readyz` (of `health`) where [`metrics_addr_of`] says,
+/// if anywhere. An endpoint that cannot bind is logged, not fatal, as for `run`.
 fn serve_metrics(
     arg: Option<String>,
     config: &Config,
     fallback: std::net::SocketAddr,
+    health: std::sync::Arc<crate::health::Health>,
 ) -> anyhow::Result<()> {
     if let Some(addr) = metrics_addr_of(arg, config, fallback)? {
-        if let Err(e) = crate::metrics::install(addr) {
-            tracing::error!(error = %e, "metrics endpoint not started");
+        if let Err(e) = crate::endpoint::serve(addr, health) {
+            tracing::error!(error = %e, "monitoring endpoint not started");
         }
     }
     Ok(())

@@ -53,6 +53,8 @@ pub struct Processors {
     pub stats: Arc<Stats>,
     /// `database.transaction_deadline`: the longest a round waits for PostgreSQL.
     pub deadline: std::time::Duration,
+    /// Each processor task beats here once a round (see [`Processors::period`]).
+    pub health: crate::health::ConsumerHealth,
 }
 
 /// What a round did.
@@ -115,8 +117,10 @@ impl Processors {
     /// another at once; otherwise the task waits for the receiver's signal or `poll_interval`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<(), ProcessorError> {
         let inbox = &self.config.inbox;
+        let beat = self.health.heartbeat("inbox processor", self.period());
         let mut unavailable = 0u32;
         loop {
+            beat.beat();
             if stop.is_cancelled() {
                 return Ok(());
             }
@@ -151,6 +155,14 @@ impl Processors {
                 _ = tokio::time::sleep(inbox.poll_interval) => {}
             }
         }
+    }
+
+    /// The longest gap between two rounds' starts when nothing is wrong: one round (bounded by
+    /// the transaction deadline) and the longest wait after it (the poll interval, or a
+    /// backoff while the database is unavailable).
+    fn period(&self) -> std::time::Duration {
+        let wait = (self.config.inbox.poll_interval).max(self.config.retry.max_backoff);
+        self.deadline + wait
     }
 
     /// Claims, applies and marks one batch of due rows (tests drive processors with it).

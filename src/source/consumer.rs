@@ -41,6 +41,7 @@ use super::partition::{Exit, PartitionTask};
 use crate::config::{ConsumerConfig, OffsetReset};
 use crate::envelope::Decoder;
 use crate::handler::Handler;
+use crate::health::ConsumerHealth;
 use crate::stats::Stats;
 use crate::store::offsets::{self, Claim};
 use crate::store::partitions::Known;
@@ -55,6 +56,12 @@ type TopicPartition = (String, i32);
 /// protocol no later rebalance re-assigns a partition that did not move, so without this a
 /// partition the group still gives this worker would stay unread.
 const FENCED_RECLAIM_AFTER: Duration = Duration::from_secs(3);
+
+/// The coordinator's heartbeat period. Its loop wakes every second, but starting a partition
+/// splits and seeks its queue synchronously (librdkafka calls, up to 10 s in the worst case):
+/// 10 s, so `/healthz` calls it stale after 30 s without a turn. Drains and claims wait longer
+/// than that, bounded by their own deadlines, and beat meanwhile.
+const COORDINATOR_PERIOD: Duration = Duration::from_secs(10);
 
 /// What the rebalance callback asks of the coordinator. The callback blocks on `reply`/`done`
 /// until the coordinator answers or drops it.
@@ -84,6 +91,8 @@ pub struct RebalanceContext {
     events: mpsc::UnboundedSender<Event>,
     revoke_deadline: Duration,
     reset: OffsetReset,
+    /// Readiness: in the group once an assignment went through, not ready while draining.
+    health: ConsumerHealth,
 }
 
 impl ClientContext for RebalanceContext {
@@ -130,6 +139,7 @@ impl ConsumerContext for RebalanceContext {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(base, tpl),
             other => {
                 tracing::error!(consumer = %self.name, error = ?other, "rebalance error; dropping the assignment");
+                self.health.left();
                 let _ = base.unassign();
             }
         }
@@ -187,19 +197,21 @@ impl RebalanceContext {
             return;
         }
         tracing::info!(consumer = %self.name, partitions = ?partitions, "partitions assigned");
-        if claims.is_empty() {
-            return;
+        if !claims.is_empty() {
+            let (done, wait) = sync_channel(0);
+            if self.events.send(Event::Start { claims, done }).is_ok() {
+                // Returns when the coordinator drops `done`: every queue split and seeked.
+                while wait.recv().is_ok() {}
+            }
         }
-        let (done, wait) = sync_channel(0);
-        if self.events.send(Event::Start { claims, done }).is_ok() {
-            // Returns when the coordinator drops `done`: every queue split and seeked.
-            while wait.recv().is_ok() {}
-        }
+        // A member of the group with its assignment started, even an empty one.
+        self.health.joined();
     }
 
     fn revoke(&self, base: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
         let partitions = partitions_of(tpl);
         tracing::info!(consumer = %self.name, partitions = ?partitions, "partitions revoked");
+        let _draining = self.health.draining();
         let (done, wait) = sync_channel(0);
         if self.events.send(Event::Revoke { partitions, done }).is_ok() {
             let deadline = Instant::now() + self.revoke_deadline + Duration::from_secs(1);
@@ -239,6 +251,7 @@ pub struct Source {
     pub strategy: Arc<dyn Strategy>,
     pub partitions: Arc<Known>,
     pub stats: Arc<Stats>,
+    pub health: ConsumerHealth,
 }
 
 /// Errors that stop a consumer.
@@ -324,6 +337,7 @@ impl Source {
             events: events_tx,
             revoke_deadline: self.revoke_deadline,
             reset: self.config.auto_offset_reset,
+            health: self.health.clone(),
         };
         let consumer: Arc<StreamConsumer<RebalanceContext>> =
             Arc::new(self.client_config()?.create_with_context(context)?);
@@ -353,8 +367,11 @@ impl Source {
         let (reclaim_tx, mut reclaims) = mpsc::unbounded_channel::<TopicPartition>();
         let mut running: HashMap<TopicPartition, Running> = HashMap::new();
         let mut failure = None;
+        let beat = self.health.heartbeat("source", COORDINATOR_PERIOD);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
 
         loop {
+            beat.beat();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
@@ -375,12 +392,15 @@ impl Source {
                         // At once: the partition is still ours, only PostgreSQL forgot our last
                         // commits. The task has returned (its exit is sent last); the new claim
                         // reads where PostgreSQL stands and the new task seeks there.
-                        if let Some(mut old) = running.remove(&tp) {
-                            let _ = (&mut old.handle).await;
-                        }
-                        if assigned(&consumer, &tp) {
-                            self.reclaim(&consumer, &decoder, &tp, &exit_tx, &shutdown, &mut running).await;
-                        }
+                        let _recovering = self.health.recovering();
+                        beat.during(async {
+                            if let Some(mut old) = running.remove(&tp) {
+                                let _ = (&mut old.handle).await;
+                            }
+                            if assigned(&consumer, &tp) {
+                                self.reclaim(&consumer, &decoder, &tp, &exit_tx, &shutdown, &mut running).await;
+                            }
+                        }).await;
                     }
                     Exit::Stopped => {}
                 },
@@ -391,13 +411,16 @@ impl Source {
                     if fenced && assigned(&consumer, &tp) {
                         tracing::warn!(consumer = %self.config.name, topic = %tp.0, partition = tp.1,
                             "the group still assigns a fenced partition to this worker: claiming it again");
-                        self.reclaim(&consumer, &decoder, &tp, &exit_tx, &shutdown, &mut running).await;
+                        let _recovering = self.health.recovering();
+                        beat.during(self.reclaim(&consumer, &decoder, &tp, &exit_tx, &shutdown, &mut running)).await;
                     }
                 }
                 Some(event) = events.recv() => match event {
                     Event::Claim { partitions, reply } => {
-                        let claims = self.claim_all(&partitions, &shutdown).await;
-                        let claims = super::range::at_claim(&self, &consumer, claims, &shutdown).await;
+                        let claims = beat.during(async {
+                            let claims = self.claim_all(&partitions, &shutdown).await;
+                            super::range::at_claim(&self, &consumer, claims, &shutdown).await
+                        }).await;
                         let _ = reply.send(claims);
                     }
                     Event::Start { claims, done } => {
@@ -424,10 +447,11 @@ impl Source {
                             crate::metrics::lag(&self.config.name, &tp.0, tp.1, 0);
                         }
                         crate::metrics::partitions_revoked(&self.config.name, partitions.len(), running.len());
-                        drain(stopping, self.revoke_deadline).await;
+                        beat.during(drain(stopping, self.revoke_deadline)).await;
                         drop(done);
                     }
                 },
+                _ = tick.tick() => {}
             }
         }
 

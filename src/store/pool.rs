@@ -8,6 +8,11 @@ use deadpool_postgres::{HookError, Manager, ManagerConfig, Pool, RecyclingMethod
 use crate::config::{DatabaseConfig, Tls, TlsConfig};
 use crate::store::tls::{self, TlsError};
 
+/// The longest a statement waits for a server that went silent without closing the socket
+/// (a network partition, a stalled proxy) before it fails as a connection error: keepalives
+/// and the TCP user timeout. Loops count it in their heartbeat periods ([`crate::health`]).
+pub const SILENT_SERVER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Errors building a pool or opening a connection.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -74,7 +79,7 @@ fn build_with(url: &str, tls: &TlsConfig, opts: &PoolOptions) -> Result<Pool, Po
         .keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3)
-        .tcp_user_timeout(Duration::from_secs(30));
+        .tcp_user_timeout(SILENT_SERVER_TIMEOUT);
     pg.application_name("effectively");
     // jit off: every statement of the engine is a short one, and on a large table's estimates
     // PostgreSQL compiled them anyway, at 70 ms a time (the relay's claim: 70 ms with JIT,
