@@ -368,3 +368,17 @@ pub(crate) fn error_page(status: StatusCode, title: &str, message: &str) -> Resp
 pub(crate) fn html<T: Template>(page: T) -> Result<Response, ConsoleError> {
     Ok(Html(page.render()?).into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pages_escape_what_they_show() {
+        let r = error_page(StatusCode::NOT_FOUND, "x", "<script>alert(1)</script>\"'");
+        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        let html = String::from_utf8(body.to_vec()).unwrap();
+        assert!(!html.contains("<script>"), "{html}");
+        assert!(html.contains("&#60;script&#62;") || html.contains("&lt;script&gt;"), "{html}");
+    }
+}
