@@ -379,6 +379,9 @@ mod tests {
         let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
         let html = String::from_utf8(body.to_vec()).unwrap();
         assert!(!html.contains("<script>"), "{html}");
-        assert!(html.contains("&#60;script&#62;") || html.contains("&lt;script&gt;"), "{html}");
+        assert!(
+            html.contains("&#60;script&#62;") || html.contains("&lt;script&gt;"),
+            "{html}"
+        );
     }
 }
