@@ -214,6 +214,19 @@ fn confirm(what: &str, n: u64, change: &ChangeArgs) -> anyhow::Result<bool> {
     Ok(line.trim() == n.to_string())
 }
 
+/// Whether to go on: `--dry-run` prints how many `what` would change and stops; otherwise
+/// [`confirm`], refusing when not confirmed.
+fn proceed(verb: &str, n: u64, what: &str, change: &ChangeArgs) -> anyhow::Result<bool> {
+    if change.dry_run {
+        println!("would {verb} {n} {what}");
+        return Ok(false);
+    }
+    if !confirm(verb, n, change)? {
+        anyhow::bail!("not confirmed: nothing changed");
+    }
+    Ok(true)
+}
+
 /// The outcome line every change prints.
 fn report(verb: &str, done: &Done) {
     println!(
@@ -287,57 +300,55 @@ pub async fn dead_letters(action: DeadLetterAction) -> anyhow::Result<()> {
             filter,
             change,
             headers,
-        } => {
-            let config = Config::load(&config.config)?;
-            let sel = match selection(id, &filter, &change)? {
-                Some(id) => DeadLetters::Id(id),
-                None => DeadLetters::Matching(filter.filter()?),
-            };
-            let pool = pool(&config)?;
-            let n = operator::count_dead_letters(&pool, &sel).await?;
-            if change.dry_run {
-                println!("would redrive {n} dead letter(s)");
-                return Ok(());
-            }
-            if !confirm("redrive", n, &change)? {
-                anyhow::bail!("not confirmed: nothing redriven");
-            }
-            let mut r = operator::Redriver::new(&config.kafka)?;
-            for (name, value) in &headers {
-                r = r.header(name, value);
-            }
-            let done =
-                operator::redrive(&pool, &r, &sel, &Actor::cli(), change.note.as_deref()).await?;
-            report("redrove", &done);
-            Ok(())
-        }
+        } => dead_letter_change(&config.config, id, &filter, &change, Some(&headers)).await,
         DeadLetterAction::Discard {
             config,
             id,
             filter,
             change,
-        } => {
-            let config = Config::load(&config.config)?;
-            let sel = match selection(id, &filter, &change)? {
-                Some(id) => DeadLetters::Id(id),
-                None => DeadLetters::Matching(filter.filter()?),
-            };
-            let pool = pool(&config)?;
-            let n = operator::count_dead_letters(&pool, &sel).await?;
-            if change.dry_run {
-                println!("would discard {n} dead letter(s)");
-                return Ok(());
+        } => dead_letter_change(&config.config, id, &filter, &change, None).await,
+    }
+}
+
+/// Redrive (with `headers` to add to every copy) or, without headers, discard.
+async fn dead_letter_change(
+    path: &std::path::Path,
+    id: Option<i64>,
+    filter: &FilterArgs,
+    change: &ChangeArgs,
+    redrive: Option<&[(String, String)]>,
+) -> anyhow::Result<()> {
+    let config = Config::load(path)?;
+    let sel = match selection(id, filter, change)? {
+        Some(id) => DeadLetters::Id(id),
+        None => DeadLetters::Matching(filter.filter()?),
+    };
+    let verb = if redrive.is_some() {
+        "redrive"
+    } else {
+        "discard"
+    };
+    let pool = pool(&config)?;
+    let n = operator::count_dead_letters(&pool, &sel).await?;
+    if !proceed(verb, n, "dead letter(s)", change)? {
+        return Ok(());
+    }
+    let note = change.note.as_deref();
+    match redrive {
+        Some(headers) => {
+            let mut r = operator::Redriver::new(&config.kafka)?;
+            for (name, value) in headers {
+                r = r.header(name, value);
             }
-            if !confirm("discard", n, &change)? {
-                anyhow::bail!("not confirmed: nothing discarded");
-            }
-            let done =
-                operator::discard_dead_letters(&pool, &sel, &Actor::cli(), change.note.as_deref())
-                    .await?;
+            let done = operator::redrive(&pool, &r, &sel, &Actor::cli(), note).await?;
+            report("redrove", &done);
+        }
+        None => {
+            let done = operator::discard_dead_letters(&pool, &sel, &Actor::cli(), note).await?;
             report("discarded", &done);
-            Ok(())
         }
     }
+    Ok(())
 }
 
 /// `inbox list`: FAILED rows matching the filter, newest first.
@@ -414,12 +425,8 @@ pub async fn inbox_change(
     let verb = if discard { "discard" } else { "replay" };
     let pool = pool(config)?;
     let n = operator::count_inbox(&pool, &sel).await?;
-    if change.dry_run {
-        println!("would {verb} {n} FAILED inbox row(s)");
+    if !proceed(verb, n, "FAILED inbox row(s)", change)? {
         return Ok(());
-    }
-    if !confirm(verb, n, change)? {
-        anyhow::bail!("not confirmed: nothing changed");
     }
     let note = change.note.as_deref();
     let done = if discard {
@@ -564,12 +571,8 @@ async fn notification_change(
     let verb = if discard { "discard" } else { "retry" };
     let pool = pool(&config)?;
     let n = operator::count_notifications(&pool, &sel).await?;
-    if change.dry_run {
-        println!("would {verb} {n} FAILED notification(s)");
+    if !proceed(verb, n, "FAILED notification(s)", change)? {
         return Ok(());
-    }
-    if !confirm(verb, n, change)? {
-        anyhow::bail!("not confirmed: nothing changed");
     }
     let note = change.note.as_deref();
     let done = if discard {

@@ -114,20 +114,7 @@ pub async fn redrive(
         let mut client = pool.get().await?;
         let tx = client.transaction().await?;
         let rows = tx
-            .query(
-                &select,
-                &[
-                    &f.consumer,
-                    &f.reason,
-                    &f.topic,
-                    &f.partition,
-                    &f.since,
-                    &f.until,
-                    &id,
-                    &after,
-                    &super::CHUNK,
-                ],
-            )
+            .query(&select, &f.params(&[&id, &after, &super::CHUNK]))
             .await?;
         if rows.is_empty() {
             break;
@@ -291,65 +278,16 @@ pub async fn discard_dead_letters(
     let filter = dead_letters_filter(sel);
     let (f, id) = dead_letters_parts(sel);
     let sql = DISCARD.replace("{DEAD_LETTER_WHERE}", DEAD_LETTER_WHERE);
-    let chunk = super::CHUNK * 10;
-    let mut done = 0u64;
-    let mut after = 0i64;
-    loop {
-        let mut client = pool.get().await?;
-        let tx = client.transaction().await?;
-        let ids: Vec<i64> = tx
-            .query(
-                &sql,
-                &[
-                    &f.consumer,
-                    &f.reason,
-                    &f.topic,
-                    &f.partition,
-                    &f.since,
-                    &f.until,
-                    &id,
-                    &after,
-                    &chunk,
-                    &who.0,
-                    &action,
-                ],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        if ids.is_empty() {
-            break;
-        }
-        after = ids.iter().copied().max().unwrap_or(after);
-        audit::record(
-            &*tx,
-            &audit::Entry {
-                action,
-                actor: &who.0,
-                verb: "discard",
-                target: "dead_letters",
-                filter: &filter,
-                count: ids.len() as i64,
-                note,
-            },
-        )
-        .await?;
-        tx.commit().await?;
-        done += ids.len() as u64;
-    }
-    if done == 0 {
-        let entry = audit::Entry {
-            action,
-            actor: &who.0,
-            verb: "discard",
-            target: "dead_letters",
-            filter: &filter,
-            count: 0,
-            note,
-        };
-        super::audit_nothing(pool, &entry).await?;
-    }
+    let entry = audit::Entry {
+        action,
+        actor: &who.0,
+        verb: "discard",
+        target: "dead_letters",
+        filter: &filter,
+        count: 0,
+        note,
+    };
+    let done = super::in_chunks(pool, &sql, &f, &id, &[&who.0, &action], &entry).await?;
     Ok(Done {
         action,
         count: done,

@@ -22,8 +22,10 @@ pub use rows::{
     replay_inbox_done, retry_notifications,
 };
 
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
+use crate::store::audit;
 use crate::store::parked::Filter;
 use crate::store::StoreError;
 
@@ -112,11 +114,64 @@ impl From<tokio_postgres::Error> for OperatorError {
 /// done finds that it was tried.
 async fn audit_nothing(
     pool: &deadpool_postgres::Pool,
-    entry: &crate::store::audit::Entry<'_>,
+    entry: &audit::Entry<'_>,
 ) -> Result<(), OperatorError> {
     let client = pool.get().await?;
-    crate::store::audit::record(&**client, entry).await?;
+    let nothing = audit::Entry {
+        count: 0,
+        ..entry.clone()
+    };
+    audit::record(&**client, &nothing).await?;
     Ok(())
+}
+
+/// Runs `sql` chunk after chunk until it changes nothing: an `UPDATE ... RETURNING <key>`
+/// whose parameters are the filter (`$1..$6`), one row's id or NULL (`$7`), the last key done
+/// (`$8`), the chunk's size (`$9`) and `extra` (`$10..`). Each chunk commits with its audit
+/// row (`entry`, counting the chunk's rows); an action that changed nothing is audited with 0.
+async fn in_chunks(
+    pool: &deadpool_postgres::Pool,
+    sql: &str,
+    f: &Filter,
+    one: &(dyn ToSql + Sync),
+    extra: &[&(dyn ToSql + Sync)],
+    entry: &audit::Entry<'_>,
+) -> Result<u64, OperatorError> {
+    let chunk = CHUNK * 10;
+    let mut done = 0u64;
+    let mut after = 0i64;
+    loop {
+        let mut client = pool.get().await?;
+        let tx = client.transaction().await?;
+        let keys: Vec<i64> = {
+            let mut params = f.params(&[one, &after, &chunk]);
+            params.extend_from_slice(extra);
+            tx.query(sql, &params)
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        };
+        if keys.is_empty() {
+            break;
+        }
+        after = keys.iter().copied().max().unwrap_or(after);
+        let n = keys.len() as i64;
+        audit::record(
+            &*tx,
+            &audit::Entry {
+                count: n,
+                ..entry.clone()
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        done += n as u64;
+    }
+    if done == 0 {
+        audit_nothing(pool, entry).await?;
+    }
+    Ok(done)
 }
 
 /// The selection as the audit row's `filter`.
@@ -152,20 +207,6 @@ pub async fn count_dead_letters(
            AND ($7::int8 IS NULL OR id = $7)",
         crate::store::parked::DEAD_LETTER_WHERE
     );
-    let n: i64 = client
-        .query_one(
-            &sql,
-            &[
-                &f.consumer,
-                &f.reason,
-                &f.topic,
-                &f.partition,
-                &f.since,
-                &f.until,
-                &id,
-            ],
-        )
-        .await?
-        .get(0);
+    let n: i64 = client.query_one(&sql, &f.params(&[&id])).await?.get(0);
     Ok(n as u64)
 }

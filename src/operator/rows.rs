@@ -52,21 +52,7 @@ pub async fn count_inbox(pool: &Pool, sel: &InboxRows) -> Result<u64, OperatorEr
         "SELECT count(*) FROM inbox WHERE {INBOX_WHERE} AND ($7::uuid IS NULL OR message_id = $7)"
     );
     let client = pool.get().await?;
-    let n: i64 = client
-        .query_one(
-            &sql,
-            &[
-                &f.consumer,
-                &f.reason,
-                &f.topic,
-                &f.partition,
-                &f.since,
-                &f.until,
-                &id,
-            ],
-        )
-        .await?
-        .get(0);
+    let n: i64 = client.query_one(&sql, &f.params(&[&id])).await?.get(0);
     Ok(n as u64)
 }
 
@@ -107,7 +93,6 @@ async fn change_inbox(
     let action = Uuid::now_v7();
     let filter = inbox_filter(sel);
     let (f, id) = inbox_parts(sel);
-    let mut done = 0u64;
     // Chunks in seq order; the partition key (event_date) is in the join so each row is found
     // by its primary key.
     let sql = format!(
@@ -122,62 +107,21 @@ async fn change_inbox(
            AND i.event_date = p.event_date
          RETURNING i.seq"
     );
-    let chunk = super::CHUNK * 10;
-    let mut after = 0i64;
-    while f.takes_inbox() {
-        let mut client = pool.get().await?;
-        let tx = client.transaction().await?;
-        let seqs: Vec<i64> = tx
-            .query(
-                &sql,
-                &[
-                    &f.consumer,
-                    &f.reason,
-                    &f.topic,
-                    &f.partition,
-                    &f.since,
-                    &f.until,
-                    &id,
-                    &after,
-                    &chunk,
-                ],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        if seqs.is_empty() {
-            break;
-        }
-        after = seqs.iter().copied().max().unwrap_or(after);
-        audit::record(
-            &*tx,
-            &audit::Entry {
-                action,
-                actor: &who.0,
-                verb,
-                target: "inbox",
-                filter: &filter,
-                count: seqs.len() as i64,
-                note,
-            },
-        )
-        .await?;
-        tx.commit().await?;
-        done += seqs.len() as u64;
-    }
-    if done == 0 {
-        let entry = audit::Entry {
-            action,
-            actor: &who.0,
-            verb,
-            target: "inbox",
-            filter: &filter,
-            count: 0,
-            note,
-        };
+    let entry = audit::Entry {
+        action,
+        actor: &who.0,
+        verb,
+        target: "inbox",
+        filter: &filter,
+        count: 0,
+        note,
+    };
+    let done = if f.takes_inbox() {
+        super::in_chunks(pool, &sql, &f, &id, &[], &entry).await?
+    } else {
         super::audit_nothing(pool, &entry).await?;
-    }
+        0
+    };
     Ok(Done {
         action,
         count: done,

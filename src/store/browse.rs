@@ -493,20 +493,7 @@ pub async fn dead_letters_in_window<C: GenericClient + Sync>(
 ) -> Result<Vec<DeadLetterSummary>, StoreError> {
     let (at, id) = (after.map(|a| a.0), after.map_or(0, |a| a.1));
     let rows = c
-        .query(
-            WINDOW_DEAD_LETTERS.as_str(),
-            &[
-                &f.consumer,
-                &f.reason,
-                &f.topic,
-                &f.partition,
-                &f.since,
-                &f.until,
-                &at,
-                &id,
-                &limit,
-            ],
-        )
+        .query(WINDOW_DEAD_LETTERS.as_str(), &f.params(&[&at, &id, &limit]))
         .await?;
     Ok(rows.iter().map(parked::summary).collect())
 }
@@ -523,20 +510,7 @@ pub async fn failed_inbox_in_window<C: GenericClient + Sync>(
     }
     let (at, seq) = (after.map(|a| a.0), after.map_or(0, |a| a.1));
     let rows = c
-        .query(
-            WINDOW_FAILED.as_str(),
-            &[
-                &f.consumer,
-                &f.reason,
-                &f.topic,
-                &f.partition,
-                &f.since,
-                &f.until,
-                &at,
-                &seq,
-                &limit,
-            ],
-        )
+        .query(WINDOW_FAILED.as_str(), &f.params(&[&at, &seq, &limit]))
         .await?;
     Ok(rows.iter().map(parked::failed).collect())
 }

@@ -42,16 +42,22 @@ impl Filter {
         self.reason.as_deref().is_none_or(|r| r == INBOX_REASON)
     }
 
-    /// The filter as SQL parameters `$1..$6`, in the order the `WHERE` fragments below use.
-    fn params(&self) -> [&(dyn ToSql + Sync); 6] {
-        [
+    /// The filter as SQL parameters `$1..$6`, in the order the `WHERE` fragments below use,
+    /// followed by `extra` (`$7..`).
+    pub(crate) fn params<'a>(
+        &'a self,
+        extra: &[&'a (dyn ToSql + Sync)],
+    ) -> Vec<&'a (dyn ToSql + Sync)> {
+        let mut p: Vec<&'a (dyn ToSql + Sync)> = vec![
             &self.consumer,
             &self.reason,
             &self.topic,
             &self.partition,
             &self.since,
             &self.until,
-        ]
+        ];
+        p.extend_from_slice(extra);
+        p
     }
 }
 
@@ -227,10 +233,7 @@ pub async fn dead_letters<C: GenericClient + Sync>(
            AND ($7::int8 IS NULL OR id < $7)
          ORDER BY id DESC LIMIT $8"
     );
-    let p = f.params();
-    let rows = client
-        .query(&sql, &[p[0], p[1], p[2], p[3], p[4], p[5], &before, &limit])
-        .await?;
+    let rows = client.query(&sql, &f.params(&[&before, &limit])).await?;
     Ok(rows.iter().map(summary).collect())
 }
 
@@ -288,10 +291,7 @@ pub async fn failed_inbox<C: GenericClient + Sync>(
            AND ($7::int8 IS NULL OR seq < $7)
          ORDER BY seq DESC LIMIT $8"
     );
-    let p = f.params();
-    let rows = client
-        .query(&sql, &[p[0], p[1], p[2], p[3], p[4], p[5], &before, &limit])
-        .await?;
+    let rows = client.query(&sql, &f.params(&[&before, &limit])).await?;
     Ok(rows.iter().map(failed).collect())
 }
 
@@ -339,12 +339,8 @@ async fn capped<C: GenericClient + Sync>(
     f: &Filter,
     cap: i64,
 ) -> Result<Capped, StoreError> {
-    let p = f.params();
     let limit = cap + 1;
-    let n: i64 = client
-        .query_one(sql, &[p[0], p[1], p[2], p[3], p[4], p[5], &limit])
-        .await?
-        .get(0);
+    let n: i64 = client.query_one(sql, &f.params(&[&limit])).await?.get(0);
     Ok(Capped {
         count: n.min(cap),
         more: n > cap,
