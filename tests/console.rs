@@ -306,6 +306,21 @@ async fn security_defaults() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 403);
     assert!(r.text().await.unwrap().contains("read-only"));
+    // Without a token, a page asked for by another name (DNS rebinding) is refused.
+    let r = client()
+        .get(format!("http://{}/", c.addr))
+        .header("host", format!("attacker.example:{}", c.addr.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    assert!(r.text().await.unwrap().contains("Host not allowed"));
+    let r = client()
+        .get(format!("http://localhost:{}/", c.addr.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "localhost is loopback");
 
     // With writes on: a cross-site POST, a foreign Origin, or neither header: refused.
     let c = console(&w, "writes = true").await;

@@ -9,6 +9,10 @@
 //!   without that header, an `Origin` equal to the console's own. A form on another site that
 //!   posts to the console (cross-site request forgery) has neither. GET never changes anything.
 //! - **Read-only**: without `console.writes = true` every such request is refused.
+//! - **Loopback names only, without a token**: a console with no token answers only requests
+//!   whose `Host` is a loopback name (`localhost`, `127.0.0.1`, `[::1]`). A web page can point a
+//!   name it controls at 127.0.0.1 (DNS rebinding) and read what the console shows as if it were
+//!   its own origin; its requests carry that name in `Host`, and are refused.
 //! - **Headers**: a Content-Security-Policy that allows no script at all, no framing, forms
 //!   posting only to the console, styles only from it; no caching (pages show payloads), no
 //!   referrer, no MIME sniffing.
@@ -73,6 +77,7 @@ pub async fn guard(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Refusal {
     NoToken,
+    ForeignHost,
     CrossSite,
     ReadOnly,
 }
@@ -91,6 +96,12 @@ impl Refusal {
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(REALM));
                 r
             }
+            Refusal::ForeignHost => error_page(
+                StatusCode::FORBIDDEN,
+                "Host not allowed",
+                "A console without a token answers only to a loopback name (localhost, \
+                 127.0.0.1, [::1]): configure a token to reach it by another name.",
+            ),
             Refusal::CrossSite => error_page(
                 StatusCode::FORBIDDEN,
                 "Cross-site request refused",
@@ -112,6 +123,8 @@ fn check(shared: &Shared, method: &Method, headers: &HeaderMap) -> Result<(), Re
         if !presented(headers).is_some_and(|t| same(t.as_bytes(), token.expose().as_bytes())) {
             return Err(Refusal::NoToken);
         }
+    } else if !loopback_host(headers) {
+        return Err(Refusal::ForeignHost);
     }
     if method == Method::GET || method == Method::HEAD {
         return Ok(());
@@ -148,6 +161,22 @@ fn presented(headers: &HeaderMap) -> Option<String> {
 /// Constant-time equality (`subtle`): the time does not depend on where the bytes differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && bool::from(a.ct_eq(b))
+}
+
+/// Whether the request's `Host` names this machine's loopback (any port).
+fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    // "[::1]:9470", "127.0.0.1:9470", "localhost:9470", or any of them without a port.
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(n, _)| n),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Whether a state-changing request comes from the console's own pages.
@@ -189,6 +218,28 @@ mod tests {
         );
         assert_eq!(presented(&headers(&[])), None);
         assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn only_loopback_names_reach_a_console_without_a_token() {
+        for ok in [
+            "127.0.0.1:9470",
+            "localhost:9470",
+            "[::1]:9470",
+            "LOCALHOST",
+            "127.0.0.2",
+        ] {
+            assert!(loopback_host(&headers(&[("host", ok)])), "{ok}");
+        }
+        for no in [
+            "attacker.example:9470",
+            "10.0.0.5:9470",
+            "[2001:db8::1]:80",
+            "",
+        ] {
+            assert!(!loopback_host(&headers(&[("host", no)])), "{no}");
+        }
+        assert!(!loopback_host(&headers(&[])));
     }
 
     #[test]
