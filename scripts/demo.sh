@@ -165,7 +165,8 @@ start_console() {
     "$BIN/effectively" console --config "$OUT/effectively.toml" --addr "$try" >>"$OUT/console.log" 2>&1 &
     PIDS[console]=$!
     for _ in $(seq 1 50); do
-      url=$(grep -o 'console listening on http://[^ ]*/' "$OUT/console.log" | head -1 | sed 's/.* on //')
+      # `|| true`: until the console has written its line, grep finds nothing (set -e, pipefail).
+      url=$(grep -o 'console listening on http://[^ ]*/' "$OUT/console.log" | head -1 | sed 's/.* on //' || true)
       [ -n "$url" ] && break
       kill -0 "${PIDS[console]}" 2>/dev/null || break
       sleep 0.1
