@@ -228,6 +228,9 @@ struct BenchReport {
     inbox_error: Option<String>,
     /// A 100%-duplicate replay: records/s with the Redis pre-filter over without it.
     prefilter_replay_speedup: f64,
+    /// Share of the first drain's keys the pre-filter holds afterwards (beside `verified`,
+    /// not in it: a key not set costs a future hit, never a message).
+    prefilter_coverage: f64,
     /// The replays in detail (`crate::replay`).
     prefilter_replay: crate::replay::ReplayReport,
 }
@@ -398,6 +401,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     )
     .await;
     report.prefilter_replay_speedup = report.prefilter_replay.speedup;
+    report.prefilter_coverage = report.prefilter_replay.coverage;
     report.verified &= report.prefilter_replay.verified;
 
     eprintln!(
