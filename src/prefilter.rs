@@ -13,10 +13,17 @@
 //! - whatever goes wrong with Redis (down, flushed, evicting, slow) only turns hits into misses,
 //!   and a miss is the engine without a pre-filter.
 //!
-//! What it must not cost: a lookup or a set waits at most `timeout`; an error or a timeout drops
-//! the connection and opens a short circuit (250 ms, doubling to 5 s) during which no batch
-//! talks to Redis at all; reconnecting happens in a background task, never in a batch. So a
-//! dead Redis costs nothing per batch, and a hung one at most one `timeout` per circuit period.
+//! What it must not cost: a lookup waits at most `timeout`; an error, or a lookup's timeout,
+//! drops the connection and opens a short circuit (250 ms, doubling to 5 s) during which no
+//! batch talks to Redis at all; reconnecting happens in a background task, never in a batch. So
+//! a dead Redis costs nothing per batch, and a hung one at most one `timeout` per circuit
+//! period. A set may wait longer ([`set_timeout`]): its pipeline holds a whole batch's keys and
+//! shares the socket with the other partitions' requests, so under a full-speed drain it can
+//! answer late while Redis is fine. A late set costs only its own keys (not set: future hits),
+//! never the connection: dropping the shared connection for it failed every partition's
+//! requests in flight and closed the circuit for seconds, which left tens of thousands of keys
+//! of a 1.1 M-record drain unset (issue 26). A Redis that stopped answering is found by the
+//! lookups, which every batch makes first.
 //!
 //! The one thing Redis must never hold is a key PostgreSQL does not: after restoring PostgreSQL
 //! from a backup, or a failover that lost commits, flush the pre-filter's keys (see
@@ -41,6 +48,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// [`CIRCUIT_MAX`].
 const CIRCUIT_MIN: Duration = Duration::from_millis(250);
 const CIRCUIT_MAX: Duration = Duration::from_secs(5);
+/// How much longer than a lookup a set may take, at most [`SET_TIMEOUT_MAX`] (module docs).
+const SET_TIMEOUT_FACTOR: u32 = 10;
+const SET_TIMEOUT_MAX: Duration = Duration::from_secs(1);
+
+/// How long a set waits: ten lookups' `timeout`, at most a second, never less than `timeout`.
+pub fn set_timeout(timeout: Duration) -> Duration {
+    (timeout * SET_TIMEOUT_FACTOR)
+        .min(SET_TIMEOUT_MAX)
+        .max(timeout)
+}
+
 /// A warning at most this often per consumer; every failure is logged at debug level.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -217,7 +235,8 @@ impl Prefilter {
             return;
         };
         let t0 = Instant::now();
-        let answer = tokio::time::timeout(self.timeout, pipe.query_async::<()>(&mut conn)).await;
+        let limit = set_timeout(self.timeout);
+        let answer = tokio::time::timeout(limit, pipe.query_async::<()>(&mut conn)).await;
         m.round_trip(Op::Set, t0.elapsed());
         match answer {
             Ok(Ok(())) => {
@@ -230,8 +249,8 @@ impl Prefilter {
                 m.not_set(n);
             }
             Err(_) => {
-                let why = format!("no answer within {:?}", self.timeout);
-                self.shared.failed(generation, Op::Set, true, &why);
+                // Late, not dead: the connection and the circuit stay as they are.
+                self.shared.slow(Op::Set, n, limit);
                 m.not_set(n);
             }
         }
@@ -330,6 +349,29 @@ impl Shared {
         st.closed_until = None;
     }
 
+    /// A round trip answered too late, on a connection that may well be fine: count it and log
+    /// it (a warning at most every minute), and leave the connection and the circuit alone.
+    fn slow(&self, op: Op, keys: u64, limit: Duration) {
+        self.metrics.failed(op, true);
+        let mut st = self.state.lock().expect("not poisoned");
+        let now = Instant::now();
+        tracing::debug!(consumer = %self.consumer, op = op.as_str(), keys, ?limit,
+            "prefilter: Redis answered too late; these keys are not set");
+        if st
+            .last_warned
+            .is_none_or(|t| now.duration_since(t) >= WARN_EVERY)
+        {
+            tracing::warn!(consumer = %self.consumer, op = op.as_str(), keys, ?limit,
+                failures_since_last_warning = st.unwarned + 1,
+                "prefilter: Redis answered a set too late; its keys are not set (later copies \
+                 of those messages go to PostgreSQL, which dedupes them)");
+            st.last_warned = Some(now);
+            st.unwarned = 0;
+        } else {
+            st.unwarned += 1;
+        }
+    }
+
     /// A round trip on connection `generation` (0: a connection attempt) failed: count it,
     /// drop that connection, open the circuit, and log (a warning at most every minute).
     fn failed(&self, generation: u64, op: Op, timeout: bool, why: &str) {
@@ -372,6 +414,15 @@ mod tests {
 
     fn at(s: &str) -> DateTime<Utc> {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_set_waits_longer_than_a_lookup_but_at_most_a_second() {
+        let ms = Duration::from_millis;
+        assert_eq!(set_timeout(ms(50)), ms(500));
+        assert_eq!(set_timeout(ms(10)), ms(100));
+        assert_eq!(set_timeout(ms(300)), ms(1000));
+        assert_eq!(set_timeout(Duration::from_secs(5)), Duration::from_secs(5));
     }
 
     #[test]

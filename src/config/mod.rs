@@ -911,7 +911,7 @@ FROM fresh_messages ORDER BY message_id
 [consumer.prefilter]
 redis = "redis://127.0.0.1:6379/0"   # a password here is never printed; a database of its own
 ttl = "retention"           # or a shorter duration, e.g. "2days"
-timeout = "50ms"            # per lookup or set; past it the batch goes on without Redis
+timeout = "50ms"            # per lookup (a set: 10x, at most 1s); past it the batch goes on without Redis
 
 # Store first, process later: the receiver stores each batch in the `inbox` table and lets
 # Kafka move on at once; processors apply the effect from the table, in order per user, with
