@@ -96,6 +96,7 @@ pub async fn run(
             size: connections,
             connect_timeout: std::time::Duration::from_secs(5),
             idle_in_transaction_timeout: std::time::Duration::from_secs(60),
+            no_parallel_query: false,
         },
     )?;
     let run = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();

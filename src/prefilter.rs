@@ -100,6 +100,22 @@ struct State {
     unwarned: u64,
 }
 
+impl State {
+    /// Whether a failure at `now` gets a warning (at most one per [`WARN_EVERY`]): then how
+    /// many failures it speaks for; else it is counted for the next one.
+    fn warn_now(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last_warned
+            .is_some_and(|t| now.duration_since(t) < WARN_EVERY)
+        {
+            self.unwarned += 1;
+            return None;
+        }
+        self.last_warned = Some(now);
+        Some(std::mem::take(&mut self.unwarned) + 1)
+    }
+}
+
 /// What failed, for the metrics and the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -357,18 +373,11 @@ impl Shared {
         let now = Instant::now();
         tracing::debug!(consumer = %self.consumer, op = op.as_str(), keys, ?limit,
             "prefilter: Redis answered too late; these keys are not set");
-        if st
-            .last_warned
-            .is_none_or(|t| now.duration_since(t) >= WARN_EVERY)
-        {
+        if let Some(unwarned) = st.warn_now(now) {
             tracing::warn!(consumer = %self.consumer, op = op.as_str(), keys, ?limit,
-                failures_since_last_warning = st.unwarned + 1,
+                failures_since_last_warning = unwarned,
                 "prefilter: Redis answered a set too late; its keys are not set (later copies \
                  of those messages go to PostgreSQL, which dedupes them)");
-            st.last_warned = Some(now);
-            st.unwarned = 0;
-        } else {
-            st.unwarned += 1;
         }
     }
 
@@ -388,18 +397,11 @@ impl Shared {
         st.closed_until = Some(now + circuit);
         tracing::debug!(consumer = %self.consumer, op = op.as_str(), error = %why, ?circuit,
             "prefilter: Redis failed; batches go to PostgreSQL alone meanwhile");
-        if st
-            .last_warned
-            .is_none_or(|t| now.duration_since(t) >= WARN_EVERY)
-        {
+        if let Some(unwarned) = st.warn_now(now) {
             tracing::warn!(consumer = %self.consumer, op = op.as_str(), error = %why,
-                failures_since_last_warning = st.unwarned + 1,
+                failures_since_last_warning = unwarned,
                 "prefilter: Redis failed; every batch goes to PostgreSQL until it is back \
                  (nothing is lost or applied twice: Redis is never the authority)");
-            st.last_warned = Some(now);
-            st.unwarned = 0;
-        } else {
-            st.unwarned += 1;
         }
     }
 }

@@ -89,6 +89,7 @@ impl Relay {
             size: 2,
             connect_timeout: config.database.connect_timeout,
             idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
+            no_parallel_query: false,
         };
         Ok(Relay {
             types: relay.event_types(),

@@ -106,6 +106,7 @@ impl Sender {
             size: 4,
             connect_timeout: config.database.connect_timeout,
             idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
+            no_parallel_query: false,
         };
         Ok(Sender {
             channels: sender.channels.keys().cloned().collect(),

@@ -86,6 +86,7 @@ impl Worker {
             size: config.database.pool_size,
             connect_timeout: config.database.connect_timeout,
             idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
+            no_parallel_query: false,
         };
         let pg = pool::build_for(&db, &opts)?;
         // Also the start-up check of the TLS settings: a wrong CA or host name stops here.

@@ -267,6 +267,7 @@ impl Sut {
                 size: 4,
                 connect_timeout: Duration::from_secs(5),
                 idle_in_transaction_timeout: Duration::from_secs(60),
+                no_parallel_query: false,
             },
         )
         .expect("pool");

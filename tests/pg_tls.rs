@@ -234,6 +234,7 @@ async fn tls_modes_against_a_server_with_ssl_on() {
                 size: 2,
                 connect_timeout: Duration::from_secs(5),
                 idle_in_transaction_timeout: Duration::from_secs(60),
+                no_parallel_query: false,
             },
         )
         .expect("pool");

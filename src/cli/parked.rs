@@ -195,6 +195,7 @@ fn pool(config: &Config) -> anyhow::Result<deadpool_postgres::Pool> {
         size: 2,
         connect_timeout: config.database.connect_timeout,
         idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
+        no_parallel_query: false,
     };
     Ok(store::pool::build_for(&config.database, &opts)?)
 }

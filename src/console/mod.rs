@@ -114,15 +114,13 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// A pooled connection for a page, with parallel query off: a page's capped count finishes
-    /// sooner alone than with workers to start, and on a small machine those workers take the
-    /// engine's cores (a time-window page's p99 on 1,000,000 rows went from 213 ms to the
-    /// figure in docs/PERFORMANCE.md).
+    /// A pooled connection for a page. Its session was opened with parallel query off
+    /// (`PoolOptions::no_parallel_query`, once per connection rather than a `SET` per page): a
+    /// page's capped count finishes sooner alone than with workers to start, and on a small
+    /// machine those workers take the engine's cores (a time-window page's p99 on 1,000,000
+    /// rows went from 213 ms to the figure in docs/PERFORMANCE.md).
     pub(crate) async fn db(&self) -> Result<deadpool_postgres::Object, ConsoleError> {
-        let c = self.pool.get().await?;
-        c.batch_execute("SET max_parallel_workers_per_gather = 0")
-            .await?;
-        Ok(c)
+        Ok(self.pool.get().await?)
     }
 }
 
@@ -155,6 +153,7 @@ pub async fn bind(config: &Config, addr: Option<SocketAddr>) -> Result<Bound, Co
         size: 4,
         connect_timeout: config.database.connect_timeout,
         idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
+        no_parallel_query: true,
     };
     let shared = Arc::new(Shared {
         pool: pool::build_for(&config.database, &opts)?,

@@ -49,6 +49,9 @@ pub struct PoolOptions {
     /// was stopped (SIGSTOP, a long GC-like pause) mid-batch would otherwise hold the partition's
     /// offsets row lock forever, and the new owner's claim would wait behind it.
     pub idle_in_transaction_timeout: Duration,
+    /// No parallel query on these sessions (the console's: a page's capped count finishes
+    /// sooner alone than with workers to start, and those workers take the engine's cores).
+    pub no_parallel_query: bool,
 }
 
 /// A pool of connections to `url`. Each new connection gets the session's staging table
@@ -84,8 +87,13 @@ fn build_with(url: &str, tls: &TlsConfig, opts: &PoolOptions) -> Result<Pool, Po
     // jit off: every statement of the engine is a short one, and on a large table's estimates
     // PostgreSQL compiled them anyway, at 70 ms a time (the relay's claim: 70 ms with JIT,
     // 1 ms without, whether or not it found a row).
+    let parallel = if opts.no_parallel_query {
+        " -c max_parallel_workers_per_gather=0"
+    } else {
+        ""
+    };
     pg.options(format!(
-        "-c idle_in_transaction_session_timeout={} -c jit=off",
+        "-c idle_in_transaction_session_timeout={} -c jit=off{parallel}",
         opts.idle_in_transaction_timeout.as_millis()
     ));
     let manager = Manager::from_config(

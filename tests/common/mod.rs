@@ -120,6 +120,7 @@ pub fn pool(size: usize) -> deadpool_postgres::Pool {
             size,
             connect_timeout: std::time::Duration::from_secs(5),
             idle_in_transaction_timeout: std::time::Duration::from_secs(60),
+            no_parallel_query: false,
         },
     )
     .expect("a pool for the local PostgreSQL")
