@@ -1,0 +1,144 @@
+//! PostgreSQL's own counters around a phase: WAL bytes, full-page images, checkpoints and row
+//! writes, so each phase's cost is reported beside its speed.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::{round1, BenchArgs};
+
+/// What PostgreSQL did during a phase, from [`DbMark`]s taken around it.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub(super) struct DbCost {
+    /// `pg_wal_lsn_diff` of `pg_current_wal_lsn()`: every database of the cluster, and
+    /// autovacuum's and the checkpointer's writes too.
+    pub(super) wal_bytes: i64,
+    /// Full-page images among them (`pg_stat_wal.wal_fpi`): a page's first change after a
+    /// checkpoint is logged whole.
+    pub(super) wal_fpi: i64,
+    /// Checkpoints counted in the phase (`pg_stat_bgwriter`, which counts one as it ends).
+    pub(super) checkpoints: i64,
+    /// `n_tup_ins + n_tup_upd + n_tup_del` over the `public` tables (each partition counted;
+    /// the sessions' temporary staging tables, which write no WAL, are not).
+    pub(super) row_writes: i64,
+}
+
+impl DbCost {
+    pub(super) fn plus(&self, o: &DbCost) -> DbCost {
+        DbCost {
+            wal_bytes: self.wal_bytes + o.wal_bytes,
+            wal_fpi: self.wal_fpi + o.wal_fpi,
+            checkpoints: self.checkpoints + o.checkpoints,
+            row_writes: self.row_writes + o.row_writes,
+        }
+    }
+
+    pub(super) fn wal_bytes_per(&self, records: u64) -> f64 {
+        round1(self.wal_bytes as f64 / records.max(1) as f64)
+    }
+
+    pub(super) fn row_writes_per(&self, records: u64) -> f64 {
+        (self.row_writes as f64 / records.max(1) as f64 * 100.0).round() / 100.0
+    }
+}
+
+/// A connection that reads PostgreSQL's counters around a phase.
+pub(super) struct Db {
+    pub(super) client: tokio_postgres::Client,
+}
+
+/// The cluster's WAL position and write counters at one moment.
+pub(super) struct DbMark {
+    pub(super) lsn: String,
+    pub(super) wal_fpi: i64,
+    pub(super) checkpoints: i64,
+    /// Per table (oid): rows inserted, updated and deleted so far.
+    pub(super) row_writes: HashMap<u32, i64>,
+}
+
+impl Db {
+    pub(super) async fn connect(args: &BenchArgs) -> anyhow::Result<Db> {
+        let (client, conn) =
+            tokio_postgres::connect(&args.services.database_url, tokio_postgres::NoTls)
+                .await
+                .context("connecting to PostgreSQL")?;
+        tokio::spawn(conn);
+        Ok(Db { client })
+    }
+
+    /// Waits (up to 10 s) until no engine session is connected: a session reports its row
+    /// counts and WAL statistics when it exits, and they must fall in the phase they belong to.
+    pub(super) async fn settle(&self) -> anyhow::Result<()> {
+        for _ in 0..100 {
+            let n: i64 = self
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE application_name = 'effectively' AND datname = current_database()",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if n == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Once the engine's sessions are gone: the counters now.
+    pub(super) async fn mark(&self) -> anyhow::Result<DbMark> {
+        self.settle().await?;
+        let r = self
+            .client
+            .query_one(
+                "SELECT pg_current_wal_lsn()::text, (SELECT wal_fpi FROM pg_stat_wal),
+                        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)",
+                &[],
+            )
+            .await?;
+        let row_writes = self
+            .client
+            .query(
+                "SELECT relid, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables
+                 WHERE schemaname = 'public'",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get::<_, u32>(0), r.get::<_, i64>(1)))
+            .collect();
+        Ok(DbMark {
+            lsn: r.get(0),
+            wal_fpi: r.get(1),
+            checkpoints: r.get(2),
+            row_writes,
+        })
+    }
+
+    /// What was written since `since` (tables dropped since are left out; tables created
+    /// since count from zero).
+    pub(super) async fn cost_since(&self, since: &DbMark) -> anyhow::Result<DbCost> {
+        let now = self.mark().await?;
+        let wal_bytes: i64 = self
+            .client
+            .query_one(
+                "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::bigint",
+                &[&now.lsn, &since.lsn],
+            )
+            .await?
+            .get(0);
+        let row_writes = (now.row_writes.iter())
+            .map(|(rel, n)| n - since.row_writes.get(rel).copied().unwrap_or(0))
+            .sum();
+        Ok(DbCost {
+            wal_bytes,
+            wal_fpi: now.wal_fpi - since.wal_fpi,
+            checkpoints: now.checkpoints - since.checkpoints,
+            row_writes,
+        })
+    }
+}

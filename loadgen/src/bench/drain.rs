@@ -1,0 +1,269 @@
+//! The drains: one worker of a strategy draining a pre-filled topic (with a daily partition of
+//! dedupe keys dropped half-way through, for the batch drain), the SQL ceiling and retention.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::db::{Db, DbCost};
+use super::worker::{engine_json, resends_only, spec, Worker};
+use super::BenchArgs;
+use crate::produce::Step;
+use crate::{finish_stage, produce_stage, Session};
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct Drain {
+    pub(super) events: u64,
+    pub(super) records: u64,
+    pub(super) msg_s: f64,
+    pub(super) effects_s: f64,
+    pub(super) seconds: f64,
+    pub(super) verified: bool,
+    pub(super) rss_mb_peak: f64,
+    pub(super) cpu_us_per_msg: f64,
+    /// WAL bytes (the whole cluster's) per record, from the worker's start to its exit.
+    pub(super) wal_bytes_per_msg: f64,
+    /// Rows inserted, updated and deleted in the `public` tables per record, same span.
+    pub(super) row_writes_per_msg: f64,
+    pub(super) db: DbCost,
+}
+
+impl Drain {
+    /// Two drains of the same strategy as one: rates over their summed time, the larger peak.
+    pub(super) fn combine(a: &Drain, b: &Drain) -> Drain {
+        let seconds = a.seconds + b.seconds;
+        let records = a.records + b.records;
+        let cpu_us = a.cpu_us_per_msg * a.records as f64 + b.cpu_us_per_msg * b.records as f64;
+        Drain {
+            events: a.events + b.events,
+            records,
+            msg_s: records as f64 / seconds,
+            effects_s: (a.effects_s * a.seconds + b.effects_s * b.seconds) / seconds,
+            seconds,
+            verified: a.verified && b.verified,
+            rss_mb_peak: a.rss_mb_peak.max(b.rss_mb_peak),
+            cpu_us_per_msg: (cpu_us / records.max(1) as f64 * 10.0).round() / 10.0,
+            wal_bytes_per_msg: a.db.plus(&b.db).wal_bytes_per(records),
+            row_writes_per_msg: a.db.plus(&b.db).row_writes_per(records),
+            db: a.db.plus(&b.db),
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct DropDuringDrain {
+    pub(super) keys: u64,
+    pub(super) drop_seconds: f64,
+    pub(super) msg_s_during_drop: f64,
+    pub(super) msg_s_median: f64,
+    /// The slowest full second without a drop: the drain's own noise, for comparison.
+    pub(super) msg_s_min_without_drop: f64,
+    pub(super) ratio: f64,
+}
+
+pub(super) async fn ceiling(
+    bin: &Path,
+    args: &BenchArgs,
+    connections: usize,
+    messages: u64,
+) -> anyhow::Result<f64> {
+    let c = connections.to_string();
+    let m = messages.to_string();
+    let v = engine_json(
+        bin,
+        args,
+        &["bench-ceiling", "--connections", &c, "--messages", &m],
+    )
+    .await?;
+    let msg_s = v["msg_s"]
+        .as_f64()
+        .context("bench-ceiling printed no msg_s")?;
+    eprintln!("   {connections} connection(s): {msg_s:.0} msg/s");
+    Ok(msg_s)
+}
+
+/// Pre-fills a topic, then starts one worker and measures it draining the topic. With
+/// `drop_keys`, a daily partition of that many dedupe keys is dropped once a third of the
+/// topic is applied.
+pub(super) async fn drain(
+    bin: &Path,
+    args: &BenchArgs,
+    strategy: &str,
+    events: u64,
+    drop_keys: u64,
+) -> anyhow::Result<(Drain, Option<DropDuringDrain>)> {
+    let name = format!("bench-{strategy}-{:06x}", fastrand::u32(..0xffffff));
+    let plan = vec![Step {
+        rate: None,
+        duration: Duration::from_secs(3600),
+    }];
+    let spec = spec(args, &name, plan, Some(events), resends_only());
+    let session = Session::open(&spec).await?;
+    let produced = produce_stage(&session, &spec).await?;
+    let records = produced.acked();
+    if drop_keys > 0 {
+        eprintln!("   preparing a daily partition of {drop_keys} keys to drop during the drain");
+        engine_json(
+            bin,
+            args,
+            &[
+                "bench-retention",
+                "--mode",
+                "prepare",
+                "--keys",
+                &drop_keys.to_string(),
+            ],
+        )
+        .await?;
+    }
+    eprintln!("   topic pre-filled: {records} records; starting the worker");
+    let db = Db::connect(args).await?;
+    let mark = db.mark().await?;
+    let worker = Worker::start(bin, args, &name, strategy).await?;
+    let dropper = (drop_keys > 0).then(|| {
+        let (bin, url, started_at) = (
+            bin.to_path_buf(),
+            args.services.database_url.clone(),
+            produced.started_at,
+        );
+        let name = name.clone();
+        tokio::spawn(async move {
+            // Drop once a third of the topic is applied: in the middle of the drain.
+            if let Ok((db, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                tokio::spawn(conn);
+                for _ in 0..1200 {
+                    let done: i64 = db
+                        .query_one(
+                            "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets
+                             WHERE consumer = $1 AND topic = $1",
+                            &[&name],
+                        )
+                        .await
+                        .map(|r| r.get(0))
+                        .unwrap_or(0);
+                    if done as u64 >= records / 3 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            let from = (chrono::Utc::now() - started_at).as_seconds_f64();
+            let out = tokio::process::Command::new(&bin)
+                .args(["bench-retention", "--mode", "drop"])
+                .env("DATABASE_URL", &url)
+                .output()
+                .await;
+            let to = (chrono::Utc::now() - started_at).as_seconds_f64();
+            (from, to, out.map(|o| o.status.success()).unwrap_or(false))
+        })
+    });
+    let report = finish_stage(&session, &spec, &produced).await?;
+    let during = match dropper {
+        Some(task) => {
+            let (from, to, ok) = task.await?;
+            anyhow::ensure!(ok, "dropping the partition during the drain failed");
+            Some(drop_effect(&report.series.throughput, from, to, drop_keys))
+        }
+        None => None,
+    };
+    let (rss_mb, cpu_s) = worker.usage();
+    worker.stop().await?;
+    let cost = db.cost_since(&mark).await?;
+    // From the first to the last commit.
+    let span = if report.commit_span_s > 0.0 {
+        report.commit_span_s
+    } else {
+        f64::INFINITY
+    };
+    let d = Drain {
+        events,
+        records,
+        msg_s: records as f64 / span,
+        effects_s: report.effects as f64 / span,
+        seconds: span,
+        verified: report.verified,
+        rss_mb_peak: (rss_mb * 10.0).round() / 10.0,
+        cpu_us_per_msg: (cpu_s * 1e6 / records.max(1) as f64 * 10.0).round() / 10.0,
+        wal_bytes_per_msg: cost.wal_bytes_per(records),
+        row_writes_per_msg: cost.row_writes_per(records),
+        db: cost,
+    };
+    eprintln!(
+        "   {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg, {:.0} WAL bytes/msg, {:.2} row writes/msg",
+        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg, d.wal_bytes_per_msg, d.row_writes_per_msg
+    );
+    if let Some(x) = &during {
+        eprintln!(
+            "   during the drop ({:.2} s): {:.0} effects/s against a median second of {:.0} ({:.2}; slowest second without a drop {:.0})",
+            x.drop_seconds, x.msg_s_during_drop, x.msg_s_median, x.ratio, x.msg_s_min_without_drop
+        );
+    }
+    Ok((d, during))
+}
+
+/// Effects committed per second (the report's throughput, which counts effects; the ratio is
+/// what matters) in the second(s) overlapping `[from, to]`, against the median full second.
+pub(super) fn drop_effect(
+    series: &[crate::report::RatePoint],
+    from: f64,
+    to: f64,
+    keys: u64,
+) -> DropDuringDrain {
+    // The first and last seconds of the drain are partial.
+    let full: Vec<f64> = series
+        .iter()
+        .skip(1)
+        .take(series.len().saturating_sub(2))
+        .map(|p| p.per_s)
+        .collect();
+    let mut sorted = full.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    let overlaps = |p: &&crate::report::RatePoint| p.t_s + 1.0 > from && p.t_s <= to;
+    let during = series
+        .iter()
+        .filter(overlaps)
+        .map(|p| p.per_s)
+        .fold(f64::INFINITY, f64::min);
+    let min_without = series
+        .iter()
+        .skip(1)
+        .take(series.len().saturating_sub(2))
+        .filter(|p| !overlaps(p))
+        .map(|p| p.per_s)
+        .fold(f64::INFINITY, f64::min);
+    let during = if during.is_finite() { during } else { 0.0 };
+    DropDuringDrain {
+        keys,
+        drop_seconds: to - from,
+        msg_s_during_drop: during,
+        msg_s_median: median,
+        msg_s_min_without_drop: if min_without.is_finite() {
+            min_without
+        } else {
+            0.0
+        },
+        ratio: if median > 0.0 { during / median } else { 0.0 },
+    }
+}
+
+pub(super) async fn retention(
+    bin: &Path,
+    args: &BenchArgs,
+    keys: u64,
+) -> anyhow::Result<serde_json::Value> {
+    let k = keys.to_string();
+    let v = engine_json(bin, args, &["bench-retention", "--keys", &k]).await?;
+    eprintln!(
+        "   DELETE {:.2} s and {} WAL bytes; drop {:.3} s and {} WAL bytes: {:.0}x the time, {:.0}x the WAL",
+        v["delete_seconds"].as_f64().unwrap_or(0.0),
+        v["delete_wal_bytes"],
+        v["drop_seconds"].as_f64().unwrap_or(0.0),
+        v["drop_wal_bytes"],
+        v["time_ratio"].as_f64().unwrap_or(0.0),
+        v["wal_ratio"].as_f64().unwrap_or(0.0)
+    );
+    Ok(v)
+}

@@ -1,0 +1,353 @@
+//! `loadgen bench` (`make bench`): every number side by side, one run, one machine.
+//!
+//! 1. the SQL ceiling: the batch transaction straight against PostgreSQL, no Kafka
+//!    (`effectively bench-ceiling`), with one and with two connections;
+//! 2. the batch strategy draining a pre-filled topic (6 partitions, 10% resends), one worker;
+//! 3. the per-message strategy draining the same kind of data;
+//! 4. the inbox strategy: a receiver-only worker draining a pre-filled topic of the batch
+//!    drain's kind and size into the `inbox` table, then processors (4, then 1 on fresh data)
+//!    applying what it stored;
+//! 5. end-to-end latency at offered 500 and 2,000 msg/s;
+//! 6. the draining worker's peak RSS and CPU time per message, from `/proc`; WAL bytes and row
+//!    writes per message of the drains and of the inbox, from PostgreSQL.
+//!
+//! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
+//! Absolute numbers depend on the machine; the ratios are what to compare.
+
+mod db;
+mod drain;
+mod inbox;
+mod latency;
+mod worker;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
+use inbox::{inbox, InboxRun, InboxRuns};
+use latency::{latency, LatencyAt, P99_TARGET_MS};
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    services: crate::Services,
+    /// `full` (1,000,000 events for the batch drain) or `quick` (about 2 minutes in all), or a
+    /// number that multiplies the full sizes.
+    #[arg(long, env = "BENCH_SCALE", default_value = "full")]
+    scale: String,
+    /// The engine's binary (default: `effectively` next to this one).
+    #[arg(long)]
+    effectively: Option<PathBuf>,
+    /// Where report.json and the runs' reports and worker logs go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+}
+
+struct Sizes {
+    retention_keys: u64,
+    ceiling: u64,
+    batch: u64,
+    per_message: u64,
+    /// Payments of the inbox run with 4 processors (its receiver-only ingest is the one
+    /// compared with the batch drain): the batch drain's, up to [`INBOX_MAX`].
+    inbox: u64,
+    /// Payments of the inbox run with 1 processor: a tenth of that.
+    inbox_1: u64,
+    latency: Duration,
+}
+
+/// The inbox runs' size limit: the processors apply a few thousand rows a second (2026-12-04,
+/// quick scale: 3,542 with 4 processors, 1,297 with 1), so a million rows would add about
+/// five minutes to `make bench`.
+const INBOX_MAX: u64 = 300_000;
+
+impl Sizes {
+    fn from_scale(scale: &str) -> anyhow::Result<Sizes> {
+        let f = match scale {
+            "full" => 1.0,
+            "quick" => 0.1,
+            n => n
+                .parse::<f64>()
+                .context("BENCH_SCALE must be full, quick or a number")?,
+        };
+        let batch = ((1_000_000.0 * f) as u64).max(1_000);
+        Ok(Sizes {
+            retention_keys: ((5_000_000.0 * f) as u64).max(10_000),
+            ceiling: ((200_000.0 * f) as u64).max(2_000),
+            batch,
+            per_message: ((20_000.0 * f) as u64).max(5_000),
+            inbox: batch.min(INBOX_MAX),
+            inbox_1: (batch.min(INBOX_MAX) / 10).max(1_000),
+            latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
+        })
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+struct BenchReport {
+    scale: String,
+    ceiling_msg_s: f64,
+    ceiling_1_connection_msg_s: f64,
+    ceiling_2_connections_msg_s: f64,
+    ceiling_6_connections_msg_s: f64,
+    batch_msg_s: f64,
+    per_message_msg_s: f64,
+    batch_vs_per_message: f64,
+    batch_vs_ceiling: f64,
+    /// The inbox receiver (no processors) draining the batch drain's kind and size of topic:
+    /// records/s from its first to its last commit.
+    inbox_ingest_msg_s: f64,
+    inbox_ingest_vs_batch: f64,
+    /// Processors applying the stored rows (4, and 1 on fresh data): rows/s from the first
+    /// to the last row marked DONE.
+    inbox_process_msg_s: f64,
+    inbox_process_1_msg_s: f64,
+    /// WAL bytes per record: the inbox's ingest and processing together (4-processor run),
+    /// against the batch drain.
+    inbox_wal_bytes_per_msg: f64,
+    batch_wal_bytes_per_msg: f64,
+    /// Row inserts, updates and deletes per record, the same way.
+    inbox_row_writes_per_msg: f64,
+    batch_row_writes_per_msg: f64,
+    latency_ms: LatencyAt,
+    rss_mb_peak: f64,
+    cpu_us_per_msg: f64,
+    verified: bool,
+    batch: Drain,
+    /// Both halves together.
+    per_message: Drain,
+    /// Each half's own rate, before and after the batch drain: how far the machine drifted.
+    per_message_halves_msg_s: [f64; 2],
+    /// Dropping a daily partition of dedupe keys against deleting the same rows in batches.
+    retention: serde_json::Value,
+    /// The batch drain's throughput in the second(s) a daily partition was being dropped,
+    /// against the drain's median second.
+    drop_during_drain: DropDuringDrain,
+    /// Each inbox run in detail.
+    inbox: InboxRuns,
+    /// Why the inbox phase could not measure, if it could not (then its numbers are 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inbox_error: Option<String>,
+    /// A 100%-duplicate replay: records/s with the Redis pre-filter over without it.
+    prefilter_replay_speedup: f64,
+    /// Share of the first drain's keys the pre-filter holds afterwards (beside `verified`,
+    /// not in it: a key not set costs a future hit, never a message).
+    prefilter_coverage: f64,
+    /// The replays in detail (`crate::replay`).
+    prefilter_replay: crate::replay::ReplayReport,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
+    let sizes = Sizes::from_scale(&args.scale)?;
+    let bin = match &args.effectively {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("effectively"),
+    };
+    std::fs::create_dir_all(&args.out)?;
+    let mut report = BenchReport {
+        scale: args.scale.clone(),
+        ..BenchReport::default()
+    };
+
+    eprintln!(
+        "== 1/5 SQL ceiling ({} messages, 1, 2 and 6 connections)",
+        sizes.ceiling
+    );
+    report.ceiling_1_connection_msg_s = ceiling(&bin, &args, 1, sizes.ceiling).await?;
+    report.ceiling_2_connections_msg_s = ceiling(&bin, &args, 2, sizes.ceiling).await?;
+    // The engine drains 6 partitions with up to 6 transactions at once: the like-for-like
+    // ceiling has as many connections, and the ratio is taken against the best of the three.
+    report.ceiling_6_connections_msg_s = ceiling(&bin, &args, 6, sizes.ceiling).await?;
+    report.ceiling_msg_s = report
+        .ceiling_1_connection_msg_s
+        .max(report.ceiling_2_connections_msg_s)
+        .max(report.ceiling_6_connections_msg_s);
+
+    // The per-message strategy is bound by the disk's fsync and the batch strategy by CPU, and
+    // on a shared machine either can drift within minutes: the per-message drain runs in two
+    // halves, one on each side of the batch drain, so that both see the same stretch of time.
+    let first_half = sizes.per_message / 2;
+    eprintln!("== 2/5 per-message strategy draining {first_half} events (first half)");
+    let before = drain(&bin, &args, "per-message", first_half, 0).await?.0;
+    eprintln!("== 3/5 batch strategy draining {} events", sizes.batch);
+    let (batch, during) = drain(&bin, &args, "batch", sizes.batch, sizes.retention_keys).await?;
+    report.batch = batch;
+    report.drop_during_drain = during.unwrap_or_default();
+    let second_half = sizes.per_message - first_half;
+    eprintln!("   per-message strategy draining {second_half} events (second half)");
+    let after = drain(&bin, &args, "per-message", second_half, 0).await?.0;
+    report.per_message = Drain::combine(&before, &after);
+    report.per_message_halves_msg_s = [before.msg_s, after.msg_s];
+    report.batch_msg_s = report.batch.msg_s;
+    report.per_message_msg_s = report.per_message.msg_s;
+    report.batch_vs_per_message = ratio(report.batch_msg_s, report.per_message_msg_s);
+    report.batch_vs_ceiling = ratio(report.batch_msg_s, report.ceiling_msg_s);
+    report.rss_mb_peak = report.batch.rss_mb_peak;
+    report.cpu_us_per_msg = report.batch.cpu_us_per_msg;
+    report.batch_wal_bytes_per_msg = report.batch.wal_bytes_per_msg;
+    report.batch_row_writes_per_msg = report.batch.row_writes_per_msg;
+
+    eprintln!(
+        "== 4/5 inbox strategy: receiver only, then 4 processors, on {} events",
+        sizes.inbox
+    );
+    // A failed inbox phase fails the run, but the other phases still measure.
+    let runs = async {
+        let four = inbox(&bin, &args, 4, sizes.inbox).await?;
+        eprintln!(
+            "   inbox strategy: receiver only, then 1 processor, on {} fresh events",
+            sizes.inbox_1
+        );
+        let one = inbox(&bin, &args, 1, sizes.inbox_1).await?;
+        anyhow::Ok((four, one))
+    };
+    let inbox_ok = match runs.await {
+        Ok((four, one)) => {
+            let ok = four.verified && one.verified;
+            report_inbox(&mut report, four, one);
+            ok
+        }
+        Err(e) => {
+            eprintln!("   the inbox phase failed: {e:#}");
+            report.inbox_error = Some(format!("{e:#}"));
+            false
+        }
+    };
+
+    eprintln!(
+        "== 5/5 latency at 500 and 2,000 msg/s, {:?} each",
+        sizes.latency
+    );
+    let (l500, l2000, lat_ok) = latency(&bin, &args, sizes.latency).await?;
+    report.latency_ms = LatencyAt {
+        p99_target: P99_TARGET_MS,
+        p99_target_met: l500.p99 <= P99_TARGET_MS && l2000.p99 <= P99_TARGET_MS,
+        at_500: l500,
+        at_2000: l2000,
+    };
+    eprintln!(
+        "   p99 target {P99_TARGET_MS} ms at both rates: {}",
+        if report.latency_ms.p99_target_met {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+    report.verified = report.batch.verified && report.per_message.verified && inbox_ok && lat_ok;
+
+    report.prefilter_replay = crate::replay::phase(
+        &bin,
+        &args.services.brokers,
+        &args.services.database_url,
+        &args.out,
+        sizes.batch,
+    )
+    .await;
+    report.prefilter_replay_speedup = report.prefilter_replay.speedup;
+    report.prefilter_coverage = report.prefilter_replay.coverage;
+    report.verified &= report.prefilter_replay.verified;
+
+    eprintln!(
+        "== retention: drop a daily partition of {} keys vs batched DELETE",
+        sizes.retention_keys
+    );
+    report.retention = retention(&bin, &args, sizes.retention_keys).await?;
+
+    let path = args.out.join("report.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    eprintln!("report: {}", path.display());
+    Ok(report.verified)
+}
+
+/// The inbox runs' numbers into the report, and a line of them.
+fn report_inbox(report: &mut BenchReport, four: InboxRun, one: InboxRun) {
+    report.inbox_ingest_msg_s = four.ingest.msg_s;
+    report.inbox_ingest_vs_batch = ratio(four.ingest.msg_s, report.batch_msg_s);
+    report.inbox_process_msg_s = four.process.msg_s;
+    report.inbox_process_1_msg_s = one.process.msg_s;
+    report.inbox_wal_bytes_per_msg = four.wal_bytes_per_msg;
+    report.inbox_row_writes_per_msg = four.row_writes_per_msg;
+    eprintln!(
+        "   inbox ingest {:.0} msg/s ({:.2} of batch); processing {:.0} msg/s with 4 processors, \
+         {:.0} with 1; WAL per message: inbox {:.0} B, batch {:.0} B; row writes per message: \
+         inbox {:.2}, batch {:.2}",
+        report.inbox_ingest_msg_s,
+        report.inbox_ingest_vs_batch,
+        report.inbox_process_msg_s,
+        report.inbox_process_1_msg_s,
+        report.inbox_wal_bytes_per_msg,
+        report.batch_wal_bytes_per_msg,
+        report.inbox_row_writes_per_msg,
+        report.batch_row_writes_per_msg
+    );
+    report.inbox = InboxRuns {
+        sizes: format!(
+            "{} payments with 4 processors ({} the batch drain's {}: at most {INBOX_MAX}, or \
+             the processing takes minutes), {} fresh ones with 1 processor",
+            four.events,
+            if four.events == report.batch.events {
+                "as many as"
+            } else {
+                "fewer than"
+            },
+            report.batch.events,
+            one.events
+        ),
+        processors_4: four,
+        processors_1: one,
+    };
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        (a / b * 100.0).round() / 100.0
+    } else {
+        0.0
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(records: u64, seconds: f64, cpu_us_per_msg: f64, rss_mb_peak: f64) -> Drain {
+        Drain {
+            events: records * 10 / 11,
+            records,
+            msg_s: records as f64 / seconds,
+            effects_s: (records * 10 / 11) as f64 / seconds,
+            seconds,
+            verified: true,
+            rss_mb_peak,
+            cpu_us_per_msg,
+            ..Drain::default()
+        }
+    }
+
+    #[test]
+    fn halves_combine_over_their_summed_time() {
+        let fast = drain(1_100, 1.0, 100.0, 30.0);
+        let slow = Drain {
+            verified: false,
+            ..drain(1_100, 3.0, 300.0, 40.0)
+        };
+        let both = Drain::combine(&fast, &slow);
+        assert_eq!(both.records, 2_200);
+        assert_eq!(both.events, 2_000);
+        assert_eq!(both.seconds, 4.0);
+        // Not the mean of 1,100/s and 367/s: the slow half took three quarters of the time.
+        assert_eq!(both.msg_s, 550.0);
+        assert_eq!(both.effects_s, 500.0);
+        assert_eq!(both.cpu_us_per_msg, 200.0);
+        assert_eq!(both.rss_mb_peak, 40.0);
+        assert!(!both.verified, "one unverified half fails the whole");
+    }
+}

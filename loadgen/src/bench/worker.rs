@@ -1,0 +1,163 @@
+//! An engine worker process and the engine's one-shot subcommands, as the phases start them.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::BenchArgs;
+use crate::produce::{Mix, Step};
+use crate::Spec;
+
+/// A worker process of the engine, for one consumer on one topic.
+pub(super) struct Worker {
+    pub(super) child: tokio::process::Child,
+}
+
+impl Worker {
+    pub(super) async fn start(
+        bin: &Path,
+        args: &BenchArgs,
+        name: &str,
+        strategy: &str,
+    ) -> anyhow::Result<Worker> {
+        Worker::start_with(bin, args, name, strategy, "", name).await
+    }
+
+    /// With `extra` appended to the consumer's section, and the config and log files named
+    /// after `file`.
+    pub(super) async fn start_with(
+        bin: &Path,
+        args: &BenchArgs,
+        name: &str,
+        strategy: &str,
+        extra: &str,
+        file: &str,
+    ) -> anyhow::Result<Worker> {
+        let config = args.out.join(format!("{file}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[worker]\nid = \"bench\"\n[[consumer]]\nname = \"{name}\"\ntopics = [\"{name}\"]\n\
+                 strategy = \"{strategy}\"\nhandler = {{ kind = \"cashback\" }}\n{extra}"
+            ),
+        )?;
+        let log = std::fs::File::create(args.out.join(format!("{file}.log")))?;
+        let child = tokio::process::Command::new(bin)
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("KAFKA_BROKERS", &args.services.brokers)
+            .env("DATABASE_URL", &args.services.database_url)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Worker { child })
+    }
+
+    /// (peak RSS in MB, CPU seconds) so far, from /proc.
+    pub(super) fn usage(&self) -> (f64, f64) {
+        let Some(pid) = self.child.id() else {
+            return (0.0, 0.0);
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let hwm_kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0.0);
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Fields after the command name (which may hold spaces): utime and stime are the
+        // 14th and 15th fields, in clock ticks (100 a second on Linux).
+        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        (hwm_kb / 1024.0, (ticks(11) + ticks(12)) / 100.0)
+    }
+
+    /// Why the process is gone, if it exited (it should not before it is stopped).
+    pub(super) fn exited(&mut self, log: &str) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(None) => None,
+            Ok(Some(status)) if status.success() => Some(format!(
+                "the worker exited on its own, with status 0, before it was stopped (see {log}); \
+                 `effectively run` stops when any of its tasks ends"
+            )),
+            Ok(Some(status)) => Some(format!("the worker exited: {status} (see {log})")),
+            Err(e) => Some(format!("the worker's status is unknown: {e}")),
+        }
+    }
+
+    pub(super) async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await??;
+        anyhow::ensure!(
+            status.success(),
+            "the worker did not exit cleanly: {status:?}"
+        );
+        Ok(())
+    }
+}
+
+pub(super) fn spec(
+    args: &BenchArgs,
+    name: &str,
+    plan: Vec<Step>,
+    limit: Option<u64>,
+    mix: Mix,
+) -> Spec {
+    Spec {
+        brokers: args.services.brokers.clone(),
+        database_url: args.services.database_url.clone(),
+        topic: name.to_string(),
+        partitions: 6,
+        consumer: name.to_string(),
+        plan,
+        limit,
+        mix,
+        users: 1000,
+        rate_bp: 200,
+        drain_timeout: Duration::from_secs(900),
+        report_dir: args.out.join(name),
+        seed: None,
+        quiet: true,
+    }
+}
+
+pub(super) fn resends_only() -> Mix {
+    Mix {
+        resend: 0.10,
+        redrive: 0.0,
+        redrive_delay: Duration::ZERO,
+        double_tap: 0.0,
+        poison: 0.0,
+    }
+}
+
+/// Runs an `effectively` subcommand that prints one JSON object.
+pub(super) async fn engine_json(
+    bin: &Path,
+    args: &BenchArgs,
+    cmd: &[&str],
+) -> anyhow::Result<serde_json::Value> {
+    let out = tokio::process::Command::new(bin)
+        .args(cmd)
+        .env("DATABASE_URL", &args.services.database_url)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} {cmd:?} failed: {:?}",
+        bin.display(),
+        out.status
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
