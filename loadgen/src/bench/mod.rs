@@ -44,6 +44,21 @@ pub struct BenchArgs {
     /// Where report.json and the runs' reports and worker logs go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+    /// Run only these phases (comma-separated), for working on one: the others report 0 and
+    /// the ratios that need them 0. `make bench` runs them all.
+    #[arg(long, env = "BENCH_ONLY", value_delimiter = ',', value_enum)]
+    only: Vec<Phase>,
+}
+
+/// The phases of `loadgen bench`, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phase {
+    Ceiling,
+    Drains,
+    Inbox,
+    Latency,
+    Prefilter,
+    Retention,
 }
 
 struct Sizes {
@@ -149,112 +164,128 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     std::fs::create_dir_all(&args.out)?;
     let mut report = BenchReport {
         scale: args.scale.clone(),
+        verified: true,
         ..BenchReport::default()
     };
+    let wants = |p: Phase| args.only.is_empty() || args.only.contains(&p);
 
-    eprintln!(
-        "== 1/5 SQL ceiling ({} messages, 1, 2 and 6 connections)",
-        sizes.ceiling
-    );
-    report.ceiling_1_connection_msg_s = ceiling(&bin, &args, 1, sizes.ceiling).await?;
-    report.ceiling_2_connections_msg_s = ceiling(&bin, &args, 2, sizes.ceiling).await?;
-    // The engine drains 6 partitions with up to 6 transactions at once: the like-for-like
-    // ceiling has as many connections, and the ratio is taken against the best of the three.
-    report.ceiling_6_connections_msg_s = ceiling(&bin, &args, 6, sizes.ceiling).await?;
-    report.ceiling_msg_s = report
-        .ceiling_1_connection_msg_s
-        .max(report.ceiling_2_connections_msg_s)
-        .max(report.ceiling_6_connections_msg_s);
-
-    // The per-message strategy is bound by the disk's fsync and the batch strategy by CPU, and
-    // on a shared machine either can drift within minutes: the per-message drain runs in two
-    // halves, one on each side of the batch drain, so that both see the same stretch of time.
-    let first_half = sizes.per_message / 2;
-    eprintln!("== 2/5 per-message strategy draining {first_half} events (first half)");
-    let before = drain(&bin, &args, "per-message", first_half, 0).await?.0;
-    eprintln!("== 3/5 batch strategy draining {} events", sizes.batch);
-    let (batch, during) = drain(&bin, &args, "batch", sizes.batch, sizes.retention_keys).await?;
-    report.batch = batch;
-    report.drop_during_drain = during.unwrap_or_default();
-    let second_half = sizes.per_message - first_half;
-    eprintln!("   per-message strategy draining {second_half} events (second half)");
-    let after = drain(&bin, &args, "per-message", second_half, 0).await?.0;
-    report.per_message = Drain::combine(&before, &after);
-    report.per_message_halves_msg_s = [before.msg_s, after.msg_s];
-    report.batch_msg_s = report.batch.msg_s;
-    report.per_message_msg_s = report.per_message.msg_s;
-    report.batch_vs_per_message = ratio(report.batch_msg_s, report.per_message_msg_s);
-    report.batch_vs_ceiling = ratio(report.batch_msg_s, report.ceiling_msg_s);
-    report.rss_mb_peak = report.batch.rss_mb_peak;
-    report.cpu_us_per_msg = report.batch.cpu_us_per_msg;
-    report.batch_wal_bytes_per_msg = report.batch.wal_bytes_per_msg;
-    report.batch_row_writes_per_msg = report.batch.row_writes_per_msg;
-
-    eprintln!(
-        "== 4/5 inbox strategy: receiver only, then 4 processors, on {} events",
-        sizes.inbox
-    );
-    // A failed inbox phase fails the run, but the other phases still measure.
-    let runs = async {
-        let four = inbox(&bin, &args, 4, sizes.inbox).await?;
+    if wants(Phase::Ceiling) {
         eprintln!(
-            "   inbox strategy: receiver only, then 1 processor, on {} fresh events",
-            sizes.inbox_1
+            "== SQL ceiling ({} messages, 1, 2 and 6 connections)",
+            sizes.ceiling
         );
-        let one = inbox(&bin, &args, 1, sizes.inbox_1).await?;
-        anyhow::Ok((four, one))
-    };
-    let inbox_ok = match runs.await {
-        Ok((four, one)) => {
-            let ok = four.verified && one.verified;
-            report_inbox(&mut report, four, one);
-            ok
-        }
-        Err(e) => {
-            eprintln!("   the inbox phase failed: {e:#}");
-            report.inbox_error = Some(format!("{e:#}"));
-            false
-        }
-    };
+        report.ceiling_1_connection_msg_s = ceiling(&bin, &args, 1, sizes.ceiling).await?;
+        report.ceiling_2_connections_msg_s = ceiling(&bin, &args, 2, sizes.ceiling).await?;
+        // The engine drains 6 partitions with up to 6 transactions at once: the like-for-like
+        // ceiling has as many connections, and the ratio is taken against the best of the three.
+        report.ceiling_6_connections_msg_s = ceiling(&bin, &args, 6, sizes.ceiling).await?;
+        report.ceiling_msg_s = report
+            .ceiling_1_connection_msg_s
+            .max(report.ceiling_2_connections_msg_s)
+            .max(report.ceiling_6_connections_msg_s);
+    }
 
-    eprintln!(
-        "== 5/5 latency at 500 and 2,000 msg/s, {:?} each",
-        sizes.latency
-    );
-    let (l500, l2000, lat_ok) = latency(&bin, &args, sizes.latency).await?;
-    report.latency_ms = LatencyAt {
-        p99_target: P99_TARGET_MS,
-        p99_target_met: l500.p99 <= P99_TARGET_MS && l2000.p99 <= P99_TARGET_MS,
-        at_500: l500,
-        at_2000: l2000,
-    };
-    eprintln!(
-        "   p99 target {P99_TARGET_MS} ms at both rates: {}",
-        if report.latency_ms.p99_target_met {
-            "met"
-        } else {
-            "NOT met"
+    if wants(Phase::Drains) {
+        // The per-message strategy is bound by the disk's fsync and the batch strategy by CPU,
+        // and on a shared machine either can drift within minutes: the per-message drain runs
+        // in two halves, one on each side of the batch drain, so that both see the same stretch
+        // of time.
+        let first_half = sizes.per_message / 2;
+        eprintln!("== per-message strategy draining {first_half} events (first half)");
+        let before = drain(&bin, &args, "per-message", first_half, 0).await?.0;
+        eprintln!("== batch strategy draining {} events", sizes.batch);
+        let (batch, during) =
+            drain(&bin, &args, "batch", sizes.batch, sizes.retention_keys).await?;
+        report.batch = batch;
+        report.drop_during_drain = during.unwrap_or_default();
+        let second_half = sizes.per_message - first_half;
+        eprintln!("   per-message strategy draining {second_half} events (second half)");
+        let after = drain(&bin, &args, "per-message", second_half, 0).await?.0;
+        report.per_message = Drain::combine(&before, &after);
+        report.per_message_halves_msg_s = [before.msg_s, after.msg_s];
+        report.batch_msg_s = report.batch.msg_s;
+        report.per_message_msg_s = report.per_message.msg_s;
+        report.batch_vs_per_message = ratio(report.batch_msg_s, report.per_message_msg_s);
+        report.batch_vs_ceiling = ratio(report.batch_msg_s, report.ceiling_msg_s);
+        report.rss_mb_peak = report.batch.rss_mb_peak;
+        report.cpu_us_per_msg = report.batch.cpu_us_per_msg;
+        report.batch_wal_bytes_per_msg = report.batch.wal_bytes_per_msg;
+        report.batch_row_writes_per_msg = report.batch.row_writes_per_msg;
+        report.verified &= report.batch.verified && report.per_message.verified;
+    }
+
+    if wants(Phase::Inbox) {
+        eprintln!(
+            "== inbox strategy: receiver only, then 4 processors, on {} events",
+            sizes.inbox
+        );
+        // A failed inbox phase fails the run, but the other phases still measure.
+        let runs = async {
+            let four = inbox(&bin, &args, 4, sizes.inbox).await?;
+            eprintln!(
+                "   inbox strategy: receiver only, then 1 processor, on {} fresh events",
+                sizes.inbox_1
+            );
+            let one = inbox(&bin, &args, 1, sizes.inbox_1).await?;
+            anyhow::Ok((four, one))
+        };
+        match runs.await {
+            Ok((four, one)) => {
+                report.verified &= four.verified && one.verified;
+                report_inbox(&mut report, four, one);
+            }
+            Err(e) => {
+                eprintln!("   the inbox phase failed: {e:#}");
+                report.inbox_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
         }
-    );
-    report.verified = report.batch.verified && report.per_message.verified && inbox_ok && lat_ok;
+    }
 
-    report.prefilter_replay = crate::replay::phase(
-        &bin,
-        &args.services.brokers,
-        &args.services.database_url,
-        &args.out,
-        sizes.batch,
-    )
-    .await;
-    report.prefilter_replay_speedup = report.prefilter_replay.speedup;
-    report.prefilter_coverage = report.prefilter_replay.coverage;
-    report.verified &= report.prefilter_replay.verified;
+    if wants(Phase::Latency) {
+        eprintln!(
+            "== latency at 500 and 2,000 msg/s, {:?} each",
+            sizes.latency
+        );
+        let (l500, l2000, lat_ok) = latency(&bin, &args, sizes.latency).await?;
+        report.latency_ms = LatencyAt {
+            p99_target: P99_TARGET_MS,
+            p99_target_met: l500.p99 <= P99_TARGET_MS && l2000.p99 <= P99_TARGET_MS,
+            at_500: l500,
+            at_2000: l2000,
+        };
+        eprintln!(
+            "   p99 target {P99_TARGET_MS} ms at both rates: {}",
+            if report.latency_ms.p99_target_met {
+                "met"
+            } else {
+                "NOT met"
+            }
+        );
+        report.verified &= lat_ok;
+    }
 
-    eprintln!(
-        "== retention: drop a daily partition of {} keys vs batched DELETE",
-        sizes.retention_keys
-    );
-    report.retention = retention(&bin, &args, sizes.retention_keys).await?;
+    if wants(Phase::Prefilter) {
+        report.prefilter_replay = crate::replay::phase(
+            &bin,
+            &args.services.brokers,
+            &args.services.database_url,
+            &args.out,
+            sizes.batch,
+        )
+        .await;
+        report.prefilter_replay_speedup = report.prefilter_replay.speedup;
+        report.prefilter_coverage = report.prefilter_replay.coverage;
+        report.verified &= report.prefilter_replay.verified;
+    }
+
+    if wants(Phase::Retention) {
+        eprintln!(
+            "== retention: drop a daily partition of {} keys vs batched DELETE",
+            sizes.retention_keys
+        );
+        report.retention = retention(&bin, &args, sizes.retention_keys).await?;
+    }
 
     let path = args.out.join("report.json");
     std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")?;
