@@ -23,6 +23,12 @@ pub(super) struct DbCost {
     /// `n_tup_ins + n_tup_upd + n_tup_del` over the `public` tables (each partition counted;
     /// the sessions' temporary staging tables, which write no WAL, are not).
     pub(super) row_writes: i64,
+    /// Index scans on the `inbox` table's partitions (`pg_stat_user_tables.idx_scan`): the
+    /// processors' claims probe each key's head, once per partition.
+    pub(super) inbox_index_scans: i64,
+    /// Buffer accesses (hits and reads, heap and indexes) on the `inbox` partitions, from
+    /// `pg_statio_user_tables`: the work PostgreSQL does for the claims and the marking.
+    pub(super) inbox_buffers: i64,
 }
 
 impl DbCost {
@@ -32,6 +38,8 @@ impl DbCost {
             wal_fpi: self.wal_fpi + o.wal_fpi,
             checkpoints: self.checkpoints + o.checkpoints,
             row_writes: self.row_writes + o.row_writes,
+            inbox_index_scans: self.inbox_index_scans + o.inbox_index_scans,
+            inbox_buffers: self.inbox_buffers + o.inbox_buffers,
         }
     }
 
@@ -56,6 +64,8 @@ pub(super) struct DbMark {
     pub(super) checkpoints: i64,
     /// Per table (oid): rows inserted, updated and deleted so far.
     pub(super) row_writes: HashMap<u32, i64>,
+    /// Per partition of `inbox` (oid): index scans and buffer accesses so far.
+    pub(super) inbox_reads: HashMap<u32, (i64, i64)>,
 }
 
 impl Db {
@@ -111,11 +121,27 @@ impl Db {
             .iter()
             .map(|r| (r.get::<_, u32>(0), r.get::<_, i64>(1)))
             .collect();
+        let inbox_reads = self
+            .client
+            .query(
+                "SELECT s.relid, coalesce(s.idx_scan, 0),
+                        coalesce(io.heap_blks_hit, 0) + coalesce(io.heap_blks_read, 0)
+                        + coalesce(io.idx_blks_hit, 0) + coalesce(io.idx_blks_read, 0)
+                 FROM pg_stat_user_tables s JOIN pg_statio_user_tables io USING (relid)
+                 WHERE s.relid IN (SELECT inhrelid FROM pg_inherits
+                                   WHERE inhparent = 'public.inbox'::regclass)",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get::<_, u32>(0), (r.get::<_, i64>(1), r.get::<_, i64>(2))))
+            .collect();
         Ok(DbMark {
             lsn: r.get(0),
             wal_fpi: r.get(1),
             checkpoints: r.get(2),
             row_writes,
+            inbox_reads,
         })
     }
 
@@ -134,11 +160,19 @@ impl Db {
         let row_writes = (now.row_writes.iter())
             .map(|(rel, n)| n - since.row_writes.get(rel).copied().unwrap_or(0))
             .sum();
+        let (mut inbox_index_scans, mut inbox_buffers) = (0, 0);
+        for (rel, (scans, buffers)) in &now.inbox_reads {
+            let (s0, b0) = since.inbox_reads.get(rel).copied().unwrap_or((0, 0));
+            inbox_index_scans += scans - s0;
+            inbox_buffers += buffers - b0;
+        }
         Ok(DbCost {
             wal_bytes,
             wal_fpi: now.wal_fpi - since.wal_fpi,
             checkpoints: now.checkpoints - since.checkpoints,
             row_writes,
+            inbox_index_scans,
+            inbox_buffers,
         })
     }
 }

@@ -10,20 +10,42 @@ use super::db::{Db, DbCost};
 use super::worker::{resends_only, spec, Worker};
 use super::{round1, BenchArgs};
 use crate::produce::Step;
-use crate::{finish_stage, produce_stage, Session};
+use crate::{finish_stage, produce_stage, Session, Spec};
 
+/// The processor curve: one pre-filled topic, stored by a fresh consumer for each run, so every
+/// run applies the same rows (same payments, keys and resends).
 #[derive(Debug, Default, Serialize)]
 pub(super) struct InboxRuns {
     /// How the runs were sized against the batch drain.
     pub(super) sizes: String,
-    pub(super) processors_4: InboxRun,
-    pub(super) processors_1: InboxRun,
+    /// Distinct ordering keys (Kafka keys: one per user) among the rows.
+    pub(super) keys: u64,
+    /// In the order they ran: 1, 2, 4 and 8 processors in one worker, 4 in each of two
+    /// workers, then 1 again (how far the machine drifted during the curve).
+    pub(super) curve: Vec<InboxRun>,
 }
 
-/// One inbox run: a fresh topic and consumer, a receiver-only worker draining it, then a worker
-/// with `processors` processors applying the rows.
+impl InboxRuns {
+    /// Rows/s of the runs with `workers` x `processors` (the mean when it ran twice).
+    pub(super) fn rows_s(&self, workers: usize, processors: usize) -> f64 {
+        let runs: Vec<f64> = (self.curve.iter())
+            .filter(|r| r.workers == workers && r.processors == processors)
+            .map(|r| r.process.msg_s)
+            .collect();
+        runs.iter().sum::<f64>() / runs.len().max(1) as f64
+    }
+
+    pub(super) fn verified(&self) -> bool {
+        !self.curve.is_empty() && self.curve.iter().all(|r| r.verified)
+    }
+}
+
+/// One run of the curve: a fresh consumer of the curve's topic, a receiver-only worker storing
+/// it, then `workers` workers with `processors` processors each applying the rows.
 #[derive(Debug, Default, Serialize)]
 pub(super) struct InboxRun {
+    pub(super) consumer: String,
+    pub(super) workers: usize,
     pub(super) processors: usize,
     pub(super) events: u64,
     pub(super) records: u64,
@@ -57,54 +79,110 @@ pub(super) struct InboxPhase {
     /// Per Kafka record, as for the drains.
     pub(super) wal_bytes_per_msg: f64,
     pub(super) row_writes_per_msg: f64,
+    /// Per row (process) or record (ingest): index scans and buffer accesses on the `inbox`
+    /// partitions, the profile of what the processors' claims cost as they are added.
+    pub(super) inbox_index_scans_per_row: f64,
+    pub(super) inbox_buffers_per_row: f64,
     pub(super) db: DbCost,
 }
 
-/// One inbox run on a fresh topic and consumer (fresh payments: the cashback effect dedupes
-/// by payment, so rows put back to PENDING would do no work). A receiver-only worker
-/// (`processors = 0`) drains the pre-filled topic into the inbox, measured like the drains;
-/// then a worker of the same consumer with `processors` processors applies the rows, until
-/// none is open. The ledger is then verified exactly-once.
-pub(super) async fn inbox(
-    bin: &Path,
-    args: &BenchArgs,
-    processors: usize,
-    events: u64,
-) -> anyhow::Result<InboxRun> {
-    let name = format!(
-        "bench-inbox-{processors}p-{:06x}",
-        fastrand::u32(..0xffffff)
-    );
+/// The curve's runs, `(workers, processors each)`, in order.
+pub(super) const CURVE: [(usize, usize); 6] = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 4), (1, 1)];
+
+/// The processor curve on one pre-filled topic of `events` payments: for each of [`CURVE`], a
+/// fresh consumer (fresh rows and a fresh ledger: the cashback effect dedupes by payment, so
+/// rows put back to PENDING would do no work). A receiver-only worker (`processors = 0`)
+/// stores the topic, measured like the drains; then the workers apply the rows until none is
+/// open, and the consumer's ledger is verified exactly-once.
+pub(super) async fn curve(bin: &Path, args: &BenchArgs, events: u64) -> anyhow::Result<InboxRuns> {
+    let topic = format!("bench-inbox-{:06x}", fastrand::u32(..0xffffff));
     let plan = vec![Step {
         rate: None,
         duration: Duration::from_secs(3600),
     }];
-    let spec = spec(args, &name, plan, Some(events), resends_only());
+    let spec = spec(args, &topic, plan, Some(events), resends_only());
     let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
+    let records = produced.acked();
+    let expected = crate::verify::Expected::from_log(&produced.log, spec.rate_bp);
+    let unique = expected.payments.len() as u64;
+    let keys = (produced.log.iter().map(|s| s.user_id.as_str()))
+        .collect::<std::collections::HashSet<_>>()
+        .len() as u64;
+    eprintln!("   topic pre-filled: {records} records ({unique} unique payments, {keys} keys)");
+    let mut runs = InboxRuns {
+        keys,
+        ..InboxRuns::default()
+    };
+    let db = Db::connect(args).await?;
+    for (workers, processors) in CURVE {
+        if let Some(last) = runs.curve.last() {
+            forget_effects(&db, &last.consumer).await?;
+        }
+        let mut one = spec.clone();
+        one.consumer = format!("{topic}-{workers}x{processors}-{}", runs.curve.len());
+        one.report_dir = args.out.join(&one.consumer);
+        let run = run(bin, args, &session, &one, &produced, workers, processors).await?;
+        runs.curve.push(InboxRun {
+            consumer: one.consumer.clone(),
+            events,
+            unique_payments: unique,
+            ..run
+        });
+    }
+    Ok(runs)
+}
+
+/// Takes back what `consumer` credited, once its ledger is verified: the cashback effect credits
+/// a payment once whatever the consumer (`cashback_credits.payment_id` is unique), so the next
+/// run's consumer would find every payment credited and apply nothing. Its credits, its users'
+/// wallets and its outbox rows go, so every run of the curve does the same work.
+async fn forget_effects(db: &Db, consumer: &str) -> anyhow::Result<()> {
+    db.client
+        .execute(
+            "WITH gone AS (DELETE FROM cashback_credits WHERE consumer = $1 RETURNING user_id),
+                  users AS (SELECT DISTINCT user_id FROM gone),
+                  wallets AS (DELETE FROM wallets WHERE user_id IN (SELECT user_id FROM users))
+             DELETE FROM outbox WHERE event_type = 'CashbackCredited'
+               AND aggregate_id IN (SELECT user_id FROM users)",
+            &[&consumer],
+        )
+        .await?;
+    Ok(())
+}
+
+/// One run of the curve, for `spec.consumer` on the pre-filled `spec.topic`.
+async fn run(
+    bin: &Path,
+    args: &BenchArgs,
+    session: &Session,
+    spec: &Spec,
+    produced: &crate::Produced,
+    workers: usize,
+    processors: usize,
+) -> anyhow::Result<InboxRun> {
+    let (name, topic) = (spec.consumer.as_str(), spec.topic.as_str());
     let records = produced.acked();
     let unique = crate::verify::Expected::from_log(&produced.log, spec.rate_bp)
         .payments
         .len() as u64;
-    eprintln!(
-        "   topic pre-filled: {records} records ({unique} unique payments); starting the receiver (processors = 0)"
-    );
     let db = Db::connect(args).await?;
 
     // The receiver alone: stores every message and moves the offset.
     let mark = db.mark().await?;
     let started = Instant::now();
-    let mut receiver = Worker::start_with(
+    let mut receiver = Worker::start_on(
         bin,
         args,
-        &name,
+        name,
+        topic,
         "inbox",
         "[consumer.inbox]\nprocessors = 0\n",
         &format!("{name}-receiver"),
     )
     .await?;
     loop {
-        if let Ok(0) = session.watcher.lag(&session.db, &name).await {
+        if let Ok(0) = session.watcher.lag(&session.db, name).await {
             break;
         }
         if let Some(why) = receiver.exited(&format!("{name}-receiver.log")) {
@@ -139,28 +217,28 @@ pub(super) async fn inbox(
     );
     let ingest = phase(records, span, ingest_wall, rss_mb, cpu_s, records, cost);
     eprintln!(
-        "   ingest: {:.0} msg/s ({records} records into {rows} rows, {pending} PENDING, in {:.1} s, first to last commit), peak RSS {:.0} MB, {:.1} µs CPU/msg, {:.0} WAL bytes/msg, {:.2} row writes/msg",
-        ingest.msg_s, ingest.seconds, ingest.rss_mb_peak, ingest.cpu_us_per_msg, ingest.wal_bytes_per_msg, ingest.row_writes_per_msg
+        "   {workers} x {processors}: ingest {:.0} msg/s ({records} records into {rows} rows, {pending} PENDING, in {:.1} s, first to last commit), {:.1} µs CPU/msg",
+        ingest.msg_s, ingest.seconds, ingest.cpu_us_per_msg
     );
 
-    // The processors, on the same consumer (its receiver finds the topic drained).
+    // The processors, on the same consumer (its receivers find the topic drained).
     let mark = db.mark().await?;
     let started = Instant::now();
-    let mut worker = Worker::start_with(
-        bin,
-        args,
-        &name,
-        "inbox",
-        &format!("[consumer.inbox]\nprocessors = {processors}\n"),
-        &format!("{name}-processors"),
-    )
-    .await?;
+    let mut pool = Vec::new();
+    for w in 0..workers {
+        let file = format!("{name}-processors-{w}");
+        let extra = format!("[consumer.inbox]\nprocessors = {processors}\n");
+        let worker = Worker::start_on(bin, args, name, topic, "inbox", &extra, &file).await?;
+        pool.push((worker, file));
+    }
     loop {
-        if crate::verify::inbox_open(&db.client, &name).await? == 0 {
+        if crate::verify::inbox_open(&db.client, name).await? == 0 {
             break;
         }
-        if let Some(why) = worker.exited(&format!("{name}-processors.log")) {
-            anyhow::bail!("the inbox processors did not empty the inbox: {why}");
+        for (worker, file) in pool.iter_mut() {
+            if let Some(why) = worker.exited(&format!("{file}.log")) {
+                anyhow::bail!("the inbox processors did not empty the inbox: {why}");
+            }
         }
         anyhow::ensure!(
             started.elapsed() < spec.drain_timeout,
@@ -170,8 +248,13 @@ pub(super) async fn inbox(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let process_wall = started.elapsed().as_secs_f64();
-    let (rss_mb, cpu_s) = worker.usage();
-    worker.stop().await?;
+    let (mut rss_mb, mut cpu_s) = (0.0, 0.0);
+    for (worker, _) in pool {
+        let (rss, cpu) = worker.usage();
+        rss_mb = f64::max(rss_mb, rss);
+        cpu_s += cpu;
+        worker.stop().await?;
+    }
     let process_cost = db.cost_since(&mark).await?;
     let r = db
         .client
@@ -205,7 +288,7 @@ pub(super) async fn inbox(
         records,
         process_cost,
     );
-    let ledger = finish_stage(&session, &spec, &produced).await?;
+    let ledger = finish_stage(session, spec, produced).await?;
     let verified = ledger.verified
         && rows == unique
         && pending == rows
@@ -214,22 +297,22 @@ pub(super) async fn inbox(
         && credits == unique;
     let both = cost.plus(&process_cost);
     eprintln!(
-        "   {processors} processor(s): {:.0} msg/s ({done} rows DONE, {failed} FAILED, in {:.1} s, first to last DONE; {:.1} s from the worker's start), {credits} credits for {unique} unique payments, verified: {verified}, peak RSS {:.0} MB, {:.1} µs CPU/row, {:.0} WAL bytes/msg, {:.2} row writes/msg",
-        process.msg_s, process.seconds, process.seconds_wall, process.rss_mb_peak, process.cpu_us_per_msg, process.wal_bytes_per_msg, process.row_writes_per_msg
+        "   {workers} x {processors}: {:.0} rows/s ({done} rows DONE, {failed} FAILED, in {:.1} s, first to last DONE; {:.1} s from the workers' start), {credits} credits for {unique} unique payments, verified: {verified}, {:.1} µs CPU/row, {:.0} WAL bytes/msg, inbox index scans {:.1} and buffers {:.1} per row",
+        process.msg_s, process.seconds, process.seconds_wall, process.cpu_us_per_msg, process.wal_bytes_per_msg, process.inbox_index_scans_per_row, process.inbox_buffers_per_row
     );
     Ok(InboxRun {
+        workers,
         processors,
-        events,
         records,
         rows,
         ingest,
         process,
         failed,
         credits,
-        unique_payments: unique,
         wal_bytes_per_msg: both.wal_bytes_per(records),
         row_writes_per_msg: both.row_writes_per(records),
         verified,
+        ..InboxRun::default()
     })
 }
 
@@ -253,6 +336,8 @@ pub(super) fn phase(
         cpu_us_per_msg: round1(cpu_s * 1e6 / count.max(1) as f64),
         wal_bytes_per_msg: db.wal_bytes_per(records),
         row_writes_per_msg: db.row_writes_per(records),
+        inbox_index_scans_per_row: round1(db.inbox_index_scans as f64 / count.max(1) as f64),
+        inbox_buffers_per_row: round1(db.inbox_buffers as f64 / count.max(1) as f64),
         db,
     }
 }

@@ -4,8 +4,9 @@
 //!    (`effectively bench-ceiling`), with one and with two connections;
 //! 2. the batch strategy draining a pre-filled topic (6 partitions, 10% resends), one worker;
 //! 3. the per-message strategy draining the same kind of data;
-//! 4. the inbox strategy: a receiver-only worker draining a pre-filled topic of the batch
-//!    drain's kind and size into the `inbox` table, then processors (4, then 1 on fresh data)
+//! 4. the inbox strategy: one pre-filled topic of the batch drain's kind, stored by a
+//!    receiver-only worker into the `inbox` table once per run, then the processor curve on
+//!    those same rows (1, 2, 4 and 8 processors, 2 workers x 4, and 1 again)
 //!    applying what it stored;
 //! 5. end-to-end latency at offered 500 and 2,000 msg/s;
 //! 6. the draining worker's peak RSS and CPU time per message, from `/proc`; WAL bytes and row
@@ -27,7 +28,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
-use inbox::{inbox, InboxRun, InboxRuns};
+use inbox::InboxRuns;
 use latency::{latency, LatencyAt, P99_TARGET_MS};
 
 #[derive(Debug, clap::Args)]
@@ -66,18 +67,16 @@ struct Sizes {
     ceiling: u64,
     batch: u64,
     per_message: u64,
-    /// Payments of the inbox run with 4 processors (its receiver-only ingest is the one
-    /// compared with the batch drain): the batch drain's, up to [`INBOX_MAX`].
+    /// Payments of the inbox topic every run of the processor curve stores and applies: a
+    /// tenth of the batch drain's, at least 10,000 and at most [`INBOX_MAX`].
     inbox: u64,
-    /// Payments of the inbox run with 1 processor: a tenth of that.
-    inbox_1: u64,
     latency: Duration,
 }
 
-/// The inbox runs' size limit: the processors apply a few thousand rows a second (2026-12-04,
-/// quick scale: 3,542 with 4 processors, 1,297 with 1), so a million rows would add about
-/// five minutes to `make bench`.
-const INBOX_MAX: u64 = 300_000;
+/// The inbox curve's size limit: each of its six runs stores the topic and applies every row,
+/// at 5,000 to 10,000 rows a second on this machine (2026-12-04), so 100,000 payments keep the
+/// curve to a few minutes.
+const INBOX_MAX: u64 = 100_000;
 
 impl Sizes {
     fn from_scale(scale: &str) -> anyhow::Result<Sizes> {
@@ -94,8 +93,7 @@ impl Sizes {
             ceiling: ((200_000.0 * f) as u64).max(2_000),
             batch,
             per_message: ((20_000.0 * f) as u64).max(5_000),
-            inbox: batch.min(INBOX_MAX),
-            inbox_1: (batch.min(INBOX_MAX) / 10).max(1_000),
+            inbox: (batch / 10).clamp(10_000, INBOX_MAX),
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
         })
     }
@@ -116,10 +114,16 @@ struct BenchReport {
     /// records/s from its first to its last commit.
     inbox_ingest_msg_s: f64,
     inbox_ingest_vs_batch: f64,
-    /// Processors applying the stored rows (4, and 1 on fresh data): rows/s from the first
-    /// to the last row marked DONE.
+    /// Processors applying the stored rows (4, and 1: the mean of the curve's two runs with
+    /// 1): rows/s from the first to the last row marked DONE.
     inbox_process_msg_s: f64,
     inbox_process_1_msg_s: f64,
+    /// The curve: rows/s by processors in one worker ("1", "2", "4", "8") and "2x4".
+    inbox_processors_rows_s: std::collections::BTreeMap<String, f64>,
+    /// 4 processors over 1 (target: at least 1.5 with many keys).
+    inbox_4_vs_1: f64,
+    /// Whether rows/s never fell as processors were added (1, 2, 4, 8; 5% allowed for noise).
+    inbox_curve_never_falls: bool,
     /// WAL bytes per record: the inbox's ingest and processing together (4-processor run),
     /// against the batch drain.
     inbox_wal_bytes_per_msg: f64,
@@ -216,23 +220,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
 
     if wants(Phase::Inbox) {
         eprintln!(
-            "== inbox strategy: receiver only, then 4 processors, on {} events",
+            "== inbox strategy: the processor curve on one topic of {} payments, each run \
+             storing it afresh (receiver only), then applying it",
             sizes.inbox
         );
         // A failed inbox phase fails the run, but the other phases still measure.
-        let runs = async {
-            let four = inbox(&bin, &args, 4, sizes.inbox).await?;
-            eprintln!(
-                "   inbox strategy: receiver only, then 1 processor, on {} fresh events",
-                sizes.inbox_1
-            );
-            let one = inbox(&bin, &args, 1, sizes.inbox_1).await?;
-            anyhow::Ok((four, one))
-        };
-        match runs.await {
-            Ok((four, one)) => {
-                report.verified &= four.verified && one.verified;
-                report_inbox(&mut report, four, one);
+        match inbox::curve(&bin, &args, sizes.inbox).await {
+            Ok(runs) => {
+                report.verified &= runs.verified();
+                report_inbox(&mut report, runs);
             }
             Err(e) => {
                 eprintln!("   the inbox phase failed: {e:#}");
@@ -294,43 +290,48 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     Ok(report.verified)
 }
 
-/// The inbox runs' numbers into the report, and a line of them.
-fn report_inbox(report: &mut BenchReport, four: InboxRun, one: InboxRun) {
+/// The inbox curve's numbers into the report, and a line of them.
+fn report_inbox(report: &mut BenchReport, mut runs: InboxRuns) {
+    let four = (runs.curve.iter())
+        .find(|r| r.workers == 1 && r.processors == 4)
+        .expect("the curve has a run with 4 processors");
     report.inbox_ingest_msg_s = four.ingest.msg_s;
     report.inbox_ingest_vs_batch = ratio(four.ingest.msg_s, report.batch_msg_s);
     report.inbox_process_msg_s = four.process.msg_s;
-    report.inbox_process_1_msg_s = one.process.msg_s;
     report.inbox_wal_bytes_per_msg = four.wal_bytes_per_msg;
     report.inbox_row_writes_per_msg = four.row_writes_per_msg;
+    report.inbox_process_1_msg_s = runs.rows_s(1, 1).round();
+    report.inbox_4_vs_1 = ratio(runs.rows_s(1, 4), runs.rows_s(1, 1));
+    let one_worker: Vec<f64> = [1, 2, 4, 8].iter().map(|&p| runs.rows_s(1, p)).collect();
+    report.inbox_curve_never_falls = one_worker.windows(2).all(|w| w[1] >= w[0] * 0.95);
+    for (w, p) in inbox::CURVE {
+        let label = if w == 1 {
+            p.to_string()
+        } else {
+            format!("{w}x{p}")
+        };
+        (report.inbox_processors_rows_s).insert(label, runs.rows_s(w, p).round());
+    }
     eprintln!(
-        "   inbox ingest {:.0} msg/s ({:.2} of batch); processing {:.0} msg/s with 4 processors, \
-         {:.0} with 1; WAL per message: inbox {:.0} B, batch {:.0} B; row writes per message: \
-         inbox {:.2}, batch {:.2}",
+        "   inbox ingest {:.0} msg/s ({:.2} of batch); processing rows/s by processors: {:?} \
+         (4 over 1: {:.2}; never falls: {}); WAL per message: inbox {:.0} B, batch {:.0} B; row \
+         writes per message: inbox {:.2}, batch {:.2}",
         report.inbox_ingest_msg_s,
         report.inbox_ingest_vs_batch,
-        report.inbox_process_msg_s,
-        report.inbox_process_1_msg_s,
+        report.inbox_processors_rows_s,
+        report.inbox_4_vs_1,
+        report.inbox_curve_never_falls,
         report.inbox_wal_bytes_per_msg,
         report.batch_wal_bytes_per_msg,
         report.inbox_row_writes_per_msg,
         report.batch_row_writes_per_msg
     );
-    report.inbox = InboxRuns {
-        sizes: format!(
-            "{} payments with 4 processors ({} the batch drain's {}: at most {INBOX_MAX}, or \
-             the processing takes minutes), {} fresh ones with 1 processor",
-            four.events,
-            if four.events == report.batch.events {
-                "as many as"
-            } else {
-                "fewer than"
-            },
-            report.batch.events,
-            one.events
-        ),
-        processors_4: four,
-        processors_1: one,
-    };
+    runs.sizes = format!(
+        "{} payments in one topic ({} keys), stored afresh and applied by each run of the curve \
+         (a tenth of the batch drain's, at most {INBOX_MAX}, or the curve takes many minutes)",
+        four.events, runs.keys,
+    );
+    report.inbox = runs;
 }
 
 fn ratio(a: f64, b: f64) -> f64 {

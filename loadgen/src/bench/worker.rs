@@ -35,12 +35,27 @@ impl Worker {
         extra: &str,
         file: &str,
     ) -> anyhow::Result<Worker> {
+        Worker::start_on(bin, args, name, name, strategy, extra, file).await
+    }
+
+    /// Consumer `consumer` on `topic`, with `extra` appended to the consumer's section; the
+    /// worker's id and its config and log files named after `file`.
+    pub(super) async fn start_on(
+        bin: &Path,
+        args: &BenchArgs,
+        consumer: &str,
+        topic: &str,
+        strategy: &str,
+        extra: &str,
+        file: &str,
+    ) -> anyhow::Result<Worker> {
         let config = args.out.join(format!("{file}.toml"));
         std::fs::write(
             &config,
             format!(
-                "[worker]\nid = \"bench\"\n[[consumer]]\nname = \"{name}\"\ntopics = [\"{name}\"]\n\
-                 strategy = \"{strategy}\"\nhandler = {{ kind = \"cashback\" }}\n{extra}"
+                "[worker]\nid = \"{file}\"\n[[consumer]]\nname = \"{consumer}\"\n\
+                 topics = [\"{topic}\"]\nstrategy = \"{strategy}\"\n\
+                 handler = {{ kind = \"cashback\" }}\n{extra}"
             ),
         )?;
         let log = std::fs::File::create(args.out.join(format!("{file}.log")))?;
