@@ -54,6 +54,13 @@ pub struct ReplayReport {
     pub without_prefilter_msg_s: f64,
     /// with / without.
     pub speedup: f64,
+    /// What the pre-filter saves in the unit that matters on a busy primary: PostgreSQL's CPU
+    /// per replayed record (µs), and buffer accesses on the dedupe ledger per record, the mean
+    /// of the replays with it and of those without.
+    pub pg_cpu_us_per_record_with: f64,
+    pub pg_cpu_us_per_record_without: f64,
+    pub dedupe_buffers_per_record_with: f64,
+    pub dedupe_buffers_per_record_without: f64,
     /// The first drain (fresh keys, with the pre-filter): what a replay is compared with.
     pub first_drain_msg_s: f64,
     /// Where it cannot pay off: a fresh topic of the same kind drained without the pre-filter,
@@ -98,6 +105,12 @@ pub struct ReplayRun {
     /// pipeline per commit), in ms, from the worker's /metrics.
     pub lookup_ms_mean: f64,
     pub set_ms_mean: f64,
+    /// What the run cost PostgreSQL, per record replayed, from the worker's start to its exit:
+    /// the CPU of all its processes (`bench::pg_cpu_seconds`), and the buffer accesses (hits
+    /// and reads, heap and index) on the dedupe ledger `processed_messages`: the index probes
+    /// a hit in Redis saves.
+    pub pg_cpu_us_per_record: f64,
+    pub dedupe_buffers_per_record: f64,
     pub verified: bool,
 }
 
@@ -262,6 +275,17 @@ async fn measure(
         .fold(1.0, f64::min);
     report.with_prefilter_msg_s = rate(true);
     report.without_prefilter_msg_s = rate(false);
+    let mean = |with: bool, f: fn(&ReplayRun) -> f64| {
+        let xs: Vec<f64> = (report.runs.iter())
+            .filter(|r| r.prefilter == with)
+            .map(f)
+            .collect();
+        (xs.iter().sum::<f64>() / xs.len().max(1) as f64 * 10.0).round() / 10.0
+    };
+    report.pg_cpu_us_per_record_with = mean(true, |r| r.pg_cpu_us_per_record);
+    report.pg_cpu_us_per_record_without = mean(false, |r| r.pg_cpu_us_per_record);
+    report.dedupe_buffers_per_record_with = mean(true, |r| r.dedupe_buffers_per_record);
+    report.dedupe_buffers_per_record_without = mean(false, |r| r.dedupe_buffers_per_record);
     report.speedup = if report.without_prefilter_msg_s > 0.0 {
         (report.with_prefilter_msg_s / report.without_prefilter_msg_s * 100.0).round() / 100.0
     } else {
@@ -269,8 +293,16 @@ async fn measure(
     };
     report.verified = verified;
     eprintln!(
-        "   replay: {:.0} msg/s with the pre-filter, {:.0} without: {:.2}x",
-        report.with_prefilter_msg_s, report.without_prefilter_msg_s, report.speedup
+        "   replay: {:.0} msg/s with the pre-filter, {:.0} without: {:.2}x; PostgreSQL CPU per \
+         record {:.1} µs with, {:.1} without; dedupe-ledger buffers per record {:.1} with, {:.1} \
+         without",
+        report.with_prefilter_msg_s,
+        report.without_prefilter_msg_s,
+        report.speedup,
+        report.pg_cpu_us_per_record_with,
+        report.pg_cpu_us_per_record_without,
+        report.dedupe_buffers_per_record_with,
+        report.dedupe_buffers_per_record_without
     );
     Ok(())
 }
@@ -372,6 +404,7 @@ async fn replay(
         ),
     )?;
     let log_path = out.join(format!("{file}.log"));
+    let (cpu_before, buffers_before) = pg_work(db).await?;
     let mut child = tokio::process::Command::new(bin)
         .args(["run", "--metrics-addr", &addr.to_string(), "--config"])
         .arg(&config)
@@ -455,6 +488,8 @@ async fn replay(
         status.success(),
         "the worker did not exit cleanly: {status}"
     );
+    let (cpu_after, buffers_after) = pg_work(db).await?;
+    let per_record = |x: f64| (x / records.max(1) as f64 * 10.0).round() / 10.0;
     let (t0, at_first) = first.context("no commit seen")?;
     let counted = records - at_first as u64;
     let seconds = (end - t0).as_secs_f64();
@@ -475,8 +510,42 @@ async fn replay(
         batches,
         lookup_ms_mean,
         set_ms_mean,
+        pg_cpu_us_per_record: per_record((cpu_after - cpu_before) * 1e6),
+        dedupe_buffers_per_record: per_record((buffers_after - buffers_before) as f64),
         verified: false,
     })
+}
+
+/// PostgreSQL's CPU seconds so far and the buffer accesses on `processed_messages`, once the
+/// engine's sessions are gone (up to 5 s): a session reports its table statistics as it ends.
+async fn pg_work(db: &tokio_postgres::Client) -> anyhow::Result<(f64, i64)> {
+    for _ in 0..50 {
+        let open: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = 'effectively' AND datname = current_database()",
+                &[],
+            )
+            .await?
+            .get(0);
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let buffers: i64 = db
+        .query_one(
+            "SELECT coalesce(sum(coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0)
+                                 + coalesce(idx_blks_hit, 0) + coalesce(idx_blks_read, 0)), 0)::bigint
+             FROM pg_statio_user_tables
+             WHERE relid IN (SELECT inhrelid FROM pg_inherits
+                             WHERE inhparent = 'public.processed_messages'::regclass)",
+            &[],
+        )
+        .await?
+        .get(0);
+    let cpu = crate::bench::pg_cpu_seconds(db).await.unwrap_or(0.0);
+    Ok((cpu, buffers))
 }
 
 /// How many pre-filter keys of `consumer` Redis holds (`effectively:{consumer}:*`, by `SCAN`).

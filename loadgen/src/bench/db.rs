@@ -29,6 +29,8 @@ pub(super) struct DbCost {
     /// Buffer accesses (hits and reads, heap and indexes) on the `inbox` partitions, from
     /// `pg_statio_user_tables`: the work PostgreSQL does for the claims and the marking.
     pub(super) inbox_buffers: i64,
+    /// CPU seconds of PostgreSQL's processes ([`pg_cpu_seconds`]; 0 for a server elsewhere).
+    pub(super) pg_cpu_s: f64,
 }
 
 impl DbCost {
@@ -40,6 +42,7 @@ impl DbCost {
             row_writes: self.row_writes + o.row_writes,
             inbox_index_scans: self.inbox_index_scans + o.inbox_index_scans,
             inbox_buffers: self.inbox_buffers + o.inbox_buffers,
+            pg_cpu_s: self.pg_cpu_s + o.pg_cpu_s,
         }
     }
 
@@ -49,6 +52,11 @@ impl DbCost {
 
     pub(super) fn row_writes_per(&self, records: u64) -> f64 {
         (self.row_writes as f64 / records.max(1) as f64 * 100.0).round() / 100.0
+    }
+
+    /// PostgreSQL's CPU microseconds per record.
+    pub(super) fn pg_cpu_us_per(&self, records: u64) -> f64 {
+        round1(self.pg_cpu_s * 1e6 / records.max(1) as f64)
     }
 }
 
@@ -66,6 +74,7 @@ pub(super) struct DbMark {
     pub(super) row_writes: HashMap<u32, i64>,
     /// Per partition of `inbox` (oid): index scans and buffer accesses so far.
     pub(super) inbox_reads: HashMap<u32, (i64, i64)>,
+    pub(super) pg_cpu_s: f64,
 }
 
 impl Db {
@@ -142,6 +151,7 @@ impl Db {
             checkpoints: r.get(2),
             row_writes,
             inbox_reads,
+            pg_cpu_s: pg_cpu_seconds(&self.client).await.unwrap_or(0.0),
         })
     }
 
@@ -173,6 +183,59 @@ impl Db {
             row_writes,
             inbox_index_scans,
             inbox_buffers,
+            pg_cpu_s: now.pg_cpu_s - since.pg_cpu_s,
         })
     }
+}
+
+/// CPU seconds PostgreSQL's processes have used so far (user and system): the postmaster's own
+/// and its exited children's (backends and autovacuum workers that ended, reaped by it), plus
+/// every live child's. Read from `/proc`, so only for a server on this machine; `None`
+/// elsewhere. The difference over a phase is the whole cluster's CPU in it.
+pub(crate) async fn pg_cpu_seconds(client: &tokio_postgres::Client) -> Option<f64> {
+    let backend: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .ok()?
+        .get(0);
+    let postmaster = proc_stat(backend as u32)?.ppid;
+    let own = proc_stat(postmaster)?;
+    let mut ticks = own.utime + own.stime + own.cutime + own.cstime;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(child) = proc_stat(pid).filter(|s| s.ppid == postmaster) {
+            ticks += child.utime + child.stime;
+        }
+    }
+    Some(ticks / 100.0)
+}
+
+/// The fields of `/proc/PID/stat` used here (times in clock ticks, 100 a second on Linux).
+struct ProcStat {
+    ppid: u32,
+    utime: f64,
+    stime: f64,
+    cutime: f64,
+    cstime: f64,
+}
+
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold spaces): state is field 3, ppid 4, utime 14,
+    // stime 15, cutime 16, cstime 17.
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    Some(ProcStat {
+        ppid: f.get(1)?.parse().ok()?,
+        utime: n(11)?,
+        stime: n(12)?,
+        cutime: n(13)?,
+        cstime: n(14)?,
+    })
 }

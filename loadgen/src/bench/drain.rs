@@ -27,6 +27,8 @@ pub(super) struct Drain {
     pub(super) wal_bytes_per_msg: f64,
     /// Rows inserted, updated and deleted in the `public` tables per record, same span.
     pub(super) row_writes_per_msg: f64,
+    /// PostgreSQL's CPU per record, same span (the whole cluster's processes).
+    pub(super) pg_cpu_us_per_msg: f64,
     pub(super) db: DbCost,
 }
 
@@ -47,6 +49,7 @@ impl Drain {
             cpu_us_per_msg: (cpu_us / records.max(1) as f64 * 10.0).round() / 10.0,
             wal_bytes_per_msg: a.db.plus(&b.db).wal_bytes_per(records),
             row_writes_per_msg: a.db.plus(&b.db).row_writes_per(records),
+            pg_cpu_us_per_msg: a.db.plus(&b.db).pg_cpu_us_per(records),
             db: a.db.plus(&b.db),
         }
     }
@@ -188,6 +191,7 @@ pub(super) async fn drain(
         cpu_us_per_msg: (cpu_s * 1e6 / records.max(1) as f64 * 10.0).round() / 10.0,
         wal_bytes_per_msg: cost.wal_bytes_per(records),
         row_writes_per_msg: cost.row_writes_per(records),
+        pg_cpu_us_per_msg: cost.pg_cpu_us_per(records),
         db: cost,
     };
     eprintln!(

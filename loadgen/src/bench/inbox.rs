@@ -83,6 +83,8 @@ pub(super) struct InboxPhase {
     /// partitions, the profile of what the processors' claims cost as they are added.
     pub(super) inbox_index_scans_per_row: f64,
     pub(super) inbox_buffers_per_row: f64,
+    /// PostgreSQL's CPU per row (process) or record (ingest).
+    pub(super) pg_cpu_us_per_row: f64,
     pub(super) db: DbCost,
 }
 
@@ -297,8 +299,8 @@ async fn run(
         && credits == unique;
     let both = cost.plus(&process_cost);
     eprintln!(
-        "   {workers} x {processors}: {:.0} rows/s ({done} rows DONE, {failed} FAILED, in {:.1} s, first to last DONE; {:.1} s from the workers' start), {credits} credits for {unique} unique payments, verified: {verified}, {:.1} µs CPU/row, {:.0} WAL bytes/msg, inbox index scans {:.1} and buffers {:.1} per row",
-        process.msg_s, process.seconds, process.seconds_wall, process.cpu_us_per_msg, process.wal_bytes_per_msg, process.inbox_index_scans_per_row, process.inbox_buffers_per_row
+        "   {workers} x {processors}: {:.0} rows/s ({done} rows DONE, {failed} FAILED, in {:.1} s, first to last DONE; {:.1} s from the workers' start), {credits} credits for {unique} unique payments, verified: {verified}, {:.1} µs CPU/row, {:.0} WAL bytes/msg, inbox index scans {:.1} and buffers {:.1} per row, PostgreSQL {:.1} µs CPU/row",
+        process.msg_s, process.seconds, process.seconds_wall, process.cpu_us_per_msg, process.wal_bytes_per_msg, process.inbox_index_scans_per_row, process.inbox_buffers_per_row, process.pg_cpu_us_per_row
     );
     Ok(InboxRun {
         workers,
@@ -338,6 +340,7 @@ pub(super) fn phase(
         row_writes_per_msg: db.row_writes_per(records),
         inbox_index_scans_per_row: round1(db.inbox_index_scans as f64 / count.max(1) as f64),
         inbox_buffers_per_row: round1(db.inbox_buffers as f64 / count.max(1) as f64),
+        pg_cpu_us_per_row: db.pg_cpu_us_per(count),
         db,
     }
 }

@@ -27,6 +27,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
+pub(crate) use db::pg_cpu_seconds;
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
 use inbox::InboxRuns;
 use latency::{latency, LatencyAt, P99_TARGET_MS};
