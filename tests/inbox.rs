@@ -465,7 +465,7 @@ async fn many_processors_apply_once(claim: &str) {
         let pool = pool(1);
         let conn = pool.get().await.unwrap();
         let token = uuid::Uuid::new_v4();
-        inbox::claim_leased(&conn, &consumer, 20, 2_000, token)
+        inbox::claim_leased(&conn, &consumer, 20, inbox::Slice::ALL, 2_000, token)
             .await
             .unwrap()
             .len()
@@ -593,7 +593,9 @@ async fn a_hot_key_in_front_does_not_hide_the_other_keys() {
     let mut first = pool.get().await.unwrap();
     let mut second = pool.get().await.unwrap();
     let tx = first.transaction().await.unwrap();
-    let got = inbox::claim_locked(&tx, &consumer, 100).await.unwrap();
+    let got = inbox::claim_locked(&tx, &consumer, 100, inbox::Slice::ALL)
+        .await
+        .unwrap();
     let keys: Vec<&str> = got.iter().map(|c| c.ordering_key.as_str()).collect();
     let expected: Vec<String> = (3001..=3010).map(|g| format!("k:B{g}")).collect();
     assert_eq!(
@@ -601,7 +603,7 @@ async fn a_hot_key_in_front_does_not_hide_the_other_keys() {
         "A's head waits; every other key's head is claimed"
     );
     let tx2 = second.transaction().await.unwrap();
-    assert!(inbox::claim_locked(&tx2, &consumer, 100)
+    assert!(inbox::claim_locked(&tx2, &consumer, 100, inbox::Slice::ALL)
         .await
         .unwrap()
         .is_empty());
@@ -614,15 +616,29 @@ async fn a_hot_key_in_front_does_not_hide_the_other_keys() {
     )
     .await
     .unwrap();
-    let leased = inbox::claim_leased(&first, &consumer, 100, 60_000, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
+    let leased = inbox::claim_leased(
+        &first,
+        &consumer,
+        100,
+        inbox::Slice::ALL,
+        60_000,
+        uuid::Uuid::new_v4(),
+    )
+    .await
+    .unwrap();
     assert_eq!(leased.len(), 11);
     assert_eq!(leased[0].ordering_key, "k:A");
     assert_eq!(leased[0].offset, 1, "A's oldest row, not a later one");
-    let again = inbox::claim_leased(&second, &consumer, 100, 60_000, uuid::Uuid::new_v4())
-        .await
-        .unwrap();
+    let again = inbox::claim_leased(
+        &second,
+        &consumer,
+        100,
+        inbox::Slice::ALL,
+        60_000,
+        uuid::Uuid::new_v4(),
+    )
+    .await
+    .unwrap();
     assert!(again.is_empty(), "every head is leased");
     db.execute("DELETE FROM inbox WHERE consumer = $1", &[&consumer])
         .await

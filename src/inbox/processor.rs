@@ -115,7 +115,12 @@ impl From<deadpool_postgres::PoolError> for RoundError {
 impl Processors {
     /// One processor task: rounds until `stop`. A round that claimed a full batch is followed by
     /// another at once; otherwise the task waits for the receiver's signal or `poll_interval`.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) -> Result<(), ProcessorError> {
+    /// `slice`: the keys this task claims from (see [`table::Slice`]).
+    pub async fn run(
+        self: Arc<Self>,
+        slice: table::Slice,
+        stop: CancellationToken,
+    ) -> Result<(), ProcessorError> {
         let inbox = &self.config.inbox;
         let beat = self.health.heartbeat("inbox processor", self.period());
         let mut unavailable = 0u32;
@@ -125,7 +130,7 @@ impl Processors {
                 return Ok(());
             }
             let woken = self.stored.notified();
-            match self.round(&stop).await {
+            match self.round(slice, &stop).await {
                 Ok(round) => {
                     unavailable = 0;
                     if round.claimed >= inbox.claim_batch {
@@ -167,7 +172,7 @@ impl Processors {
 
     /// Claims, applies and marks one batch of due rows (tests drive processors with it).
     pub async fn round_once(&self) -> Result<Round, String> {
-        self.round(&CancellationToken::new())
+        self.round(table::Slice::ALL, &CancellationToken::new())
             .await
             .map_err(|e| match e {
                 RoundError::Unavailable(t) | RoundError::Fatal(t) => t,
@@ -176,7 +181,11 @@ impl Processors {
 
     /// One round. `stop` abandons it between the claim and the commit: the transaction rolls
     /// back, so a lock claim's rows are free at once and a lease claim's are given back.
-    async fn round(&self, stop: &CancellationToken) -> Result<Round, RoundError> {
+    async fn round(
+        &self,
+        slice: table::Slice,
+        stop: &CancellationToken,
+    ) -> Result<Round, RoundError> {
         let started = Instant::now();
         let limit = self.config.inbox.claim_batch as i64;
         let mut conn = self.pool.get().await?;
@@ -186,7 +195,7 @@ impl Processors {
             match self.config.inbox.claim {
                 ClaimMode::Lock => {
                     let tx = conn.transaction().await?;
-                    let claimed = table::claim_locked(&tx, &self.consumer, limit).await?;
+                    let claimed = table::claim_locked(&tx, &self.consumer, limit, slice).await?;
                     let claim_took = started.elapsed();
                     let applied = tokio::select! {
                         biased;
@@ -206,7 +215,8 @@ impl Processors {
                     let token = Uuid::new_v4();
                     let lease_ms = self.config.inbox.lease.as_millis() as i64;
                     let claimed =
-                        table::claim_leased(&conn, &self.consumer, limit, lease_ms, token).await?;
+                        table::claim_leased(&conn, &self.consumer, limit, slice, lease_ms, token)
+                            .await?;
                     let claim_took = started.elapsed();
                     if claimed.is_empty() {
                         Ok(Some((Round::default(), claim_took)))
@@ -567,7 +577,11 @@ pub fn spawn(
     tasks: &mut tokio::task::JoinSet<Result<(), ProcessorError>>,
 ) {
     crate::metrics::inbox_consumer(&processors.consumer);
-    for _ in 0..n {
-        tasks.spawn(Arc::clone(processors).run(stop.child_token()));
+    for index in 0..n {
+        let slice = table::Slice {
+            index: index as i32,
+            of: n as i32,
+        };
+        tasks.spawn(Arc::clone(processors).run(slice, stop.child_token()));
     }
 }
