@@ -29,6 +29,10 @@ pub(super) struct Drain {
     pub(super) row_writes_per_msg: f64,
     /// PostgreSQL's CPU per record, same span (the whole cluster's processes).
     pub(super) pg_cpu_us_per_msg: f64,
+    /// Worker processes draining the topic together (`cpu_us_per_msg` is theirs summed).
+    pub(super) workers: usize,
+    /// PostgreSQL's share of the CPU the workers and PostgreSQL used together.
+    pub(super) pg_cpu_share: f64,
     pub(super) db: DbCost,
 }
 
@@ -50,6 +54,8 @@ impl Drain {
             wal_bytes_per_msg: a.db.plus(&b.db).wal_bytes_per(records),
             row_writes_per_msg: a.db.plus(&b.db).row_writes_per(records),
             pg_cpu_us_per_msg: a.db.plus(&b.db).pg_cpu_us_per(records),
+            workers: a.workers.max(b.workers),
+            pg_cpu_share: (a.pg_cpu_share + b.pg_cpu_share) / 2.0,
             db: a.db.plus(&b.db),
         }
     }
@@ -87,8 +93,9 @@ pub(super) async fn ceiling(
     Ok(msg_s)
 }
 
-/// Pre-fills a topic, then starts one worker and measures it draining the topic. With
-/// `drop_keys`, a daily partition of that many dedupe keys is dropped once a third of the
+/// Pre-fills a topic, then starts `workers` workers of one consumer (together: they join the
+/// group within the broker's initial rebalance delay) and measures them draining the topic.
+/// With `drop_keys`, a daily partition of that many dedupe keys is dropped once a third of the
 /// topic is applied.
 pub(super) async fn drain(
     bin: &Path,
@@ -96,6 +103,7 @@ pub(super) async fn drain(
     strategy: &str,
     events: u64,
     drop_keys: u64,
+    workers: usize,
 ) -> anyhow::Result<(Drain, Option<DropDuringDrain>)> {
     let name = format!("bench-{strategy}-{:06x}", fastrand::u32(..0xffffff));
     let plan = vec![Step {
@@ -124,7 +132,11 @@ pub(super) async fn drain(
     eprintln!("   topic pre-filled: {records} records; starting the worker");
     let db = Db::connect(args).await?;
     let mark = db.mark().await?;
-    let worker = Worker::start(bin, args, &name, strategy).await?;
+    let mut pool = Vec::new();
+    for w in 0..workers {
+        let file = format!("{name}-{w}");
+        pool.push(Worker::start_on(bin, args, &name, &name, strategy, "", &file).await?);
+    }
     let dropper = (drop_keys > 0).then(|| {
         let (bin, url, started_at) = (
             bin.to_path_buf(),
@@ -171,8 +183,13 @@ pub(super) async fn drain(
         }
         None => None,
     };
-    let (rss_mb, cpu_s) = worker.usage();
-    worker.stop().await?;
+    let (mut rss_mb, mut cpu_s) = (0.0, 0.0);
+    for worker in pool {
+        let (rss, cpu) = worker.usage();
+        rss_mb = f64::max(rss_mb, rss);
+        cpu_s += cpu;
+        worker.stop().await?;
+    }
     let cost = db.cost_since(&mark).await?;
     // From the first to the last commit.
     let span = if report.commit_span_s > 0.0 {
@@ -192,11 +209,17 @@ pub(super) async fn drain(
         wal_bytes_per_msg: cost.wal_bytes_per(records),
         row_writes_per_msg: cost.row_writes_per(records),
         pg_cpu_us_per_msg: cost.pg_cpu_us_per(records),
+        workers,
+        pg_cpu_share: if cpu_s + cost.pg_cpu_s > 0.0 {
+            (cost.pg_cpu_s / (cpu_s + cost.pg_cpu_s) * 1000.0).round() / 1000.0
+        } else {
+            0.0
+        },
         db: cost,
     };
     eprintln!(
-        "   {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg, {:.0} WAL bytes/msg, {:.2} row writes/msg",
-        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg, d.wal_bytes_per_msg, d.row_writes_per_msg
+        "   {workers} worker(s): {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg, PostgreSQL {:.1} µs CPU/msg ({:.0}% of the CPU), {:.0} WAL bytes/msg, {:.2} row writes/msg",
+        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg, d.pg_cpu_us_per_msg, d.pg_cpu_share * 100.0, d.wal_bytes_per_msg, d.row_writes_per_msg
     );
     if let Some(x) = &during {
         eprintln!(

@@ -61,6 +61,8 @@ pub enum Phase {
     Latency,
     Prefilter,
     Retention,
+    /// 1, 2 and 3 workers draining one topic (docs/SCALING.md).
+    Workers,
 }
 
 struct Sizes {
@@ -68,6 +70,8 @@ struct Sizes {
     ceiling: u64,
     batch: u64,
     per_message: u64,
+    /// Payments of each scale-out drain (1, 2, 3 workers): a third of the batch drain's.
+    scale_out: u64,
     /// Payments of the inbox topic every run of the processor curve stores and applies: a
     /// tenth of the batch drain's, at least 10,000 and at most [`INBOX_MAX`].
     inbox: u64,
@@ -94,6 +98,7 @@ impl Sizes {
             ceiling: ((200_000.0 * f) as u64).max(2_000),
             batch,
             per_message: ((20_000.0 * f) as u64).max(5_000),
+            scale_out: (batch / 3).max(10_000),
             inbox: (batch / 10).clamp(10_000, INBOX_MAX),
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
         })
@@ -158,6 +163,9 @@ struct BenchReport {
     prefilter_coverage: f64,
     /// The replays in detail (`crate::replay`).
     prefilter_replay: crate::replay::ReplayReport,
+    /// The batch strategy draining one topic of 6 partitions with 1, 2 and 3 workers: msg/s,
+    /// the workers' and PostgreSQL's CPU per message, and PostgreSQL's share.
+    scale_out: Vec<Drain>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -197,15 +205,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         // of time.
         let first_half = sizes.per_message / 2;
         eprintln!("== per-message strategy draining {first_half} events (first half)");
-        let before = drain(&bin, &args, "per-message", first_half, 0).await?.0;
+        let before = drain(&bin, &args, "per-message", first_half, 0, 1).await?.0;
         eprintln!("== batch strategy draining {} events", sizes.batch);
         let (batch, during) =
-            drain(&bin, &args, "batch", sizes.batch, sizes.retention_keys).await?;
+            drain(&bin, &args, "batch", sizes.batch, sizes.retention_keys, 1).await?;
         report.batch = batch;
         report.drop_during_drain = during.unwrap_or_default();
         let second_half = sizes.per_message - first_half;
         eprintln!("   per-message strategy draining {second_half} events (second half)");
-        let after = drain(&bin, &args, "per-message", second_half, 0).await?.0;
+        let after = drain(&bin, &args, "per-message", second_half, 0, 1)
+            .await?
+            .0;
         report.per_message = Drain::combine(&before, &after);
         report.per_message_halves_msg_s = [before.msg_s, after.msg_s];
         report.batch_msg_s = report.batch.msg_s;
@@ -274,6 +284,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         report.prefilter_replay_speedup = report.prefilter_replay.speedup;
         report.prefilter_coverage = report.prefilter_replay.coverage;
         report.verified &= report.prefilter_replay.verified;
+    }
+
+    if wants(Phase::Workers) {
+        for workers in 1..=3 {
+            eprintln!(
+                "== scale-out: {workers} worker(s) draining {} events",
+                sizes.scale_out
+            );
+            let (d, _) = drain(&bin, &args, "batch", sizes.scale_out, 0, workers).await?;
+            report.verified &= d.verified;
+            report.scale_out.push(d);
+        }
     }
 
     if wants(Phase::Retention) {
