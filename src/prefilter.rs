@@ -19,11 +19,14 @@
 //! a dead Redis costs nothing per batch, and a hung one at most one `timeout` per circuit
 //! period. A set may wait longer ([`set_timeout`]): its pipeline holds a whole batch's keys and
 //! shares the socket with the other partitions' requests, so under a full-speed drain it can
-//! answer late while Redis is fine. A late set costs only its own keys (not set: future hits),
-//! never the connection: dropping the shared connection for it failed every partition's
-//! requests in flight and closed the circuit for seconds, which left tens of thousands of keys
-//! of a 1.1 M-record drain unset (issue 26). A Redis that stopped answering is found by the
-//! lookups, which every batch makes first.
+//! answer late while Redis is fine. A late set is not abandoned: it runs in a task of its own,
+//! and the partition goes on after [`set_timeout`] without it, so its keys still land (at most
+//! [`SETS_IN_FLIGHT`] such sets per consumer; past that a set's keys are not set: future hits
+//! only). Neither costs the connection: dropping the shared connection for a late set failed
+//! every partition's requests in flight and closed the circuit for seconds, which left tens of
+//! thousands of keys of a 1.1 M-record drain unset (issue 26); and abandoning late sets still
+//! left 2% of them unset with a busy core beside the drain. A Redis that stopped answering is
+//! found by the lookups, which every batch makes first.
 //!
 //! The one thing Redis must never hold is a key PostgreSQL does not: after restoring PostgreSQL
 //! from a backup, or a failover that lost commits, flush the pre-filter's keys (see
@@ -83,7 +86,18 @@ struct Shared {
     consumer: Arc<str>,
     metrics: PrefilterMetrics,
     state: Mutex<State>,
+    /// One permit per set pipeline in flight (see [`SETS_IN_FLIGHT`]).
+    sets: Arc<tokio::sync::Semaphore>,
 }
+
+/// Set pipelines one consumer may have in flight, the late ones included: a partition has one
+/// at a time while it waits, so this is room for about as many late sets as partitions, each
+/// finishing in the background; past it, a set is given up (its keys cost future hits only)
+/// rather than queue without bound behind a Redis that answers slower than the drain.
+pub const SETS_IN_FLIGHT: usize = 64;
+
+/// How long a late set may still take in the background before its keys count as not set.
+const SET_LATE_LIMIT: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct State {
@@ -153,6 +167,7 @@ impl Prefilter {
             metrics: PrefilterMetrics::new(&consumer),
             consumer: Arc::clone(&consumer),
             state: Mutex::new(State::default()),
+            sets: Arc::new(tokio::sync::Semaphore::new(SETS_IN_FLIGHT)),
         });
         if tokio::runtime::Handle::try_current().is_ok() {
             let _ = shared.connection();
@@ -250,25 +265,39 @@ impl Prefilter {
             m.not_set(n);
             return;
         };
+        let Ok(permit) = Arc::clone(&self.shared.sets).try_acquire_owned() else {
+            // Every permit is held by sets still in flight: Redis is behind the drain.
+            self.shared
+                .slow(Op::Set, n, set_timeout(self.timeout), false);
+            m.not_set(n);
+            return;
+        };
         let t0 = Instant::now();
         let limit = set_timeout(self.timeout);
-        let answer = tokio::time::timeout(limit, pipe.query_async::<()>(&mut conn)).await;
-        m.round_trip(Op::Set, t0.elapsed());
-        match answer {
-            Ok(Ok(())) => {
-                self.shared.succeeded();
-                m.set(n);
+        let shared = Arc::clone(&self.shared);
+        let mut set = tokio::spawn(async move {
+            let answer =
+                tokio::time::timeout(SET_LATE_LIMIT, pipe.query_async::<()>(&mut conn)).await;
+            shared.metrics.round_trip(Op::Set, t0.elapsed());
+            match answer {
+                Ok(Ok(())) => {
+                    shared.succeeded();
+                    shared.metrics.set(n);
+                }
+                Ok(Err(e)) => {
+                    shared.failed(generation, Op::Set, false, &e.to_string());
+                    shared.metrics.not_set(n);
+                }
+                Err(_) => {
+                    shared.failed(generation, Op::Set, true, "no answer within 30 s");
+                    shared.metrics.not_set(n);
+                }
             }
-            Ok(Err(e)) => {
-                self.shared
-                    .failed(generation, Op::Set, false, &e.to_string());
-                m.not_set(n);
-            }
-            Err(_) => {
-                // Late, not dead: the connection and the circuit stay as they are.
-                self.shared.slow(Op::Set, n, limit);
-                m.not_set(n);
-            }
+            drop(permit);
+        });
+        if tokio::time::timeout(limit, &mut set).await.is_err() {
+            // Late, not dead: it finishes in its task; the connection and the circuit stay.
+            self.shared.slow(Op::Set, n, limit, true);
         }
     }
 
@@ -367,17 +396,22 @@ impl Shared {
 
     /// A round trip answered too late, on a connection that may well be fine: count it and log
     /// it (a warning at most every minute), and leave the connection and the circuit alone.
-    fn slow(&self, op: Op, keys: u64, limit: Duration) {
+    /// `finishing`: the set goes on in its task (its keys may still land); otherwise it was
+    /// given up and its keys are not set.
+    fn slow(&self, op: Op, keys: u64, limit: Duration, finishing: bool) {
         self.metrics.failed(op, true);
         let mut st = self.state.lock().expect("not poisoned");
         let now = Instant::now();
-        tracing::debug!(consumer = %self.consumer, op = op.as_str(), keys, ?limit,
-            "prefilter: Redis answered too late; these keys are not set");
+        let what = if finishing {
+            "Redis answered a set later than set_timeout; it finishes in the background"
+        } else {
+            "Redis is behind: too many sets in flight, so these keys are not set (later copies \
+             of those messages go to PostgreSQL, which dedupes them)"
+        };
+        tracing::debug!(consumer = %self.consumer, op = op.as_str(), keys, ?limit, "prefilter: {what}");
         if let Some(unwarned) = st.warn_now(now) {
             tracing::warn!(consumer = %self.consumer, op = op.as_str(), keys, ?limit,
-                failures_since_last_warning = unwarned,
-                "prefilter: Redis answered a set too late; its keys are not set (later copies \
-                 of those messages go to PostgreSQL, which dedupes them)");
+                failures_since_last_warning = unwarned, "prefilter: {what}");
         }
     }
 
