@@ -43,7 +43,15 @@ const PARTITIONS: i32 = 6;
 /// JsonConverter's schema for the payment's fields as loadgen writes them. The two logical
 /// names are Debezium's, so its PostgreSQL dialect binds a `uuid` and a `timestamptz` as a
 /// hand-made table would hold them (and as the engine parses them).
-const SCHEMA: &str = r#"{"type":"struct","name":"payment","optional":false,"fields":[{"field":"event_id","type":"string","optional":false,"name":"io.debezium.data.Uuid"},{"field":"payment_id","type":"string","optional":false},{"field":"user_id","type":"string","optional":false},{"field":"amount_paise","type":"int64","optional":false},{"field":"occurred_at","type":"string","optional":false,"name":"io.debezium.time.ZonedTimestamp"}]}"#;
+const SCHEMA: &str = concat!(
+    r#"{"type":"struct","name":"payment","optional":false,"fields":["#,
+    r#"{"field":"event_id","type":"string","optional":false,"name":"io.debezium.data.Uuid"},"#,
+    r#"{"field":"payment_id","type":"string","optional":false},"#,
+    r#"{"field":"user_id","type":"string","optional":false},"#,
+    r#"{"field":"amount_paise","type":"int64","optional":false},"#,
+    r#"{"field":"occurred_at","type":"string","optional":false,"#,
+    r#""name":"io.debezium.time.ZonedTimestamp"}]}"#
+);
 const CREATE_TABLE: &str =
     "CREATE TABLE {t} (event_id uuid PRIMARY KEY, payment_id text NOT NULL, \
      user_id text NOT NULL, amount_paise bigint NOT NULL, occurred_at timestamptz NOT NULL, \
@@ -343,7 +351,7 @@ async fn sink(
         verified: problems.is_empty(),
         problems,
         startup_s: round1(startup_s),
-        cpu_s_startup,
+        cpu_s_startup: round1(cpu_s_startup),
         cpu_s_drain: round1(drain_cpu),
         cpu_us_per_msg: round1(drain_cpu * 1e6 / records.max(1) as f64),
         rss_mb_peak: round1(rss_mb),
@@ -665,4 +673,43 @@ fn free_port() -> anyhow::Result<u16> {
 
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schema_names_every_field_of_the_payload() {
+        let schema: serde_json::Value = serde_json::from_str(SCHEMA).unwrap();
+        let names: Vec<&str> = schema["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["field"].as_str().unwrap())
+            .collect();
+        // The fields of produce.rs's payment payload, in any order.
+        let mut want = [
+            "event_id",
+            "payment_id",
+            "user_id",
+            "amount_paise",
+            "occurred_at",
+        ];
+        let mut got = names.clone();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_failed_task_is_an_error_with_its_trace() {
+        let running = serde_json::json!({"connector": {"state": "RUNNING"},
+            "tasks": [{"id": 0, "state": "RUNNING"}, {"id": 1, "state": "UNASSIGNED"}]});
+        assert_eq!(tasks_running(&running).unwrap(), 1);
+        let failed = serde_json::json!({"connector": {"state": "RUNNING"},
+            "tasks": [{"id": 3, "state": "FAILED", "trace": "boom"}]});
+        let e = tasks_running(&failed).unwrap_err().to_string();
+        assert!(e.contains("task 3") && e.contains("boom"), "{e}");
+    }
 }
