@@ -70,10 +70,12 @@ demo: up
 	scripts/demo.sh
 
 # Side by side, one run: the SQL ceiling, the batch and per-message strategies draining a
-# pre-filled topic, latency at 500 and 2,000 msg/s, RSS and CPU per message. Writes
+# pre-filled topic, Kafka Connect with a JDBC sink as their peer (its jars fetched by
+# scripts/connect.sh), latency at 500 and 2,000 msg/s, RSS and CPU per message. Writes
 # target/bench/report.json. BENCH_SCALE=quick takes about 2 minutes.
 bench: up
 	cargo build -q --release --workspace --bins
+	scripts/connect.sh fetch
 	$(WITH_ENV) target/release/effectively migrate >/dev/null
 	$(WITH_ENV) target/release/loadgen bench
 

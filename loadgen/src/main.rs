@@ -375,6 +375,21 @@ impl Produced {
     pub fn acked(&self) -> u64 {
         self.log.iter().filter(|s| s.acked).count() as u64
     }
+
+    /// Each acknowledged payment's amount by event id, once (a resend shares its original's
+    /// id): what a table upserted by event id must hold once the topic is sunk.
+    pub fn amounts_by_event(&self) -> std::collections::HashMap<uuid::Uuid, i64> {
+        self.log
+            .iter()
+            .filter(|s| s.acked && !s.kind.is_poison())
+            .filter_map(|s| Some((s.event_id?, s.amount_paise)))
+            .collect()
+    }
+
+    /// Stops sampling the engine consumer's lag: for a topic that no engine consumer drains.
+    pub fn stop_sampling(&self) {
+        self.sampler.abort();
+    }
 }
 
 async fn run(args: Args) -> anyhow::Result<bool> {

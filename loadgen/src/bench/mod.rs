@@ -10,11 +10,14 @@
 //!    applying what it stored;
 //! 5. end-to-end latency at offered 500 and 2,000 msg/s;
 //! 6. the draining worker's peak RSS and CPU time per message, from `/proc`; WAL bytes and row
-//!    writes per message of the drains and of the inbox, from PostgreSQL.
+//!    writes per message of the drains and of the inbox, from PostgreSQL;
+//! 7. a peer: Kafka Connect with Debezium's JDBC sink upserting the same kind of topic by event
+//!    id, right after the drains (`connect`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
 
+mod connect;
 mod db;
 mod drain;
 mod inbox;
@@ -27,6 +30,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
+use connect::{connect, ConnectReport};
 pub(crate) use db::pg_cpu_seconds;
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
 use inbox::InboxRuns;
@@ -50,6 +54,9 @@ pub struct BenchArgs {
     /// the ratios that need them 0. `make bench` runs them all.
     #[arg(long, env = "BENCH_ONLY", value_delimiter = ',', value_enum)]
     only: Vec<Phase>,
+    /// The Kafka Connect and JDBC sink jars (`scripts/connect.sh fetch` puts them there).
+    #[arg(long, env = "CONNECT_LIB", default_value = "target/peers/connect/lib")]
+    connect_lib: PathBuf,
 }
 
 /// The phases of `loadgen bench`, in the order they run.
@@ -57,6 +64,8 @@ pub struct BenchArgs {
 pub enum Phase {
     Ceiling,
     Drains,
+    /// Kafka Connect with a JDBC sink, the peer measured beside the batch drain.
+    Connect,
     Inbox,
     Latency,
     Prefilter,
@@ -156,6 +165,16 @@ struct BenchReport {
     /// Why the inbox phase could not measure, if it could not (then its numbers are 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     inbox_error: Option<String>,
+    /// Kafka Connect with Debezium's JDBC sink upserting the batch drain's kind and size of
+    /// topic by event id: records/s from the first to the last row inserted, best tuning.
+    connect_msg_s: f64,
+    /// `batch_msg_s` over `connect_msg_s` (0 unless both ran).
+    batch_vs_connect: f64,
+    /// The runs in detail: tuning, CPU, RSS, what Connect reads.
+    connect: ConnectReport,
+    /// Why the Connect phase could not measure, if it could not (then its numbers are 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connect_error: Option<String>,
     /// A 100%-duplicate replay: records/s with the Redis pre-filter over without it.
     prefilter_replay_speedup: f64,
     /// Share of the first drain's keys the pre-filter holds afterwards (beside `verified`,
@@ -227,6 +246,31 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         report.batch_wal_bytes_per_msg = report.batch.wal_bytes_per_msg;
         report.batch_row_writes_per_msg = report.batch.row_writes_per_msg;
         report.verified &= report.batch.verified && report.per_message.verified;
+    }
+
+    if wants(Phase::Connect) {
+        eprintln!(
+            "== Kafka Connect, Debezium JDBC sink upserting {} events by event id",
+            sizes.batch
+        );
+        // Like the inbox phase: a failure fails the run, and the other phases still measure.
+        match connect(&args, sizes.batch).await {
+            Ok(c) => {
+                report.connect_msg_s = c.msg_s;
+                report.batch_vs_connect = ratio(report.batch_msg_s, c.msg_s);
+                report.verified &= c.verified;
+                eprintln!(
+                    "   Connect {:.0} msg/s ({} tuning); batch {:.0} msg/s: batch_vs_connect {:.2}",
+                    c.msg_s, c.best, report.batch_msg_s, report.batch_vs_connect
+                );
+                report.connect = c;
+            }
+            Err(e) => {
+                eprintln!("   the Connect phase failed: {e:#}");
+                report.connect_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
     }
 
     if wants(Phase::Inbox) {

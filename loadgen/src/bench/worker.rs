@@ -74,22 +74,7 @@ impl Worker {
 
     /// (peak RSS in MB, CPU seconds) so far, from /proc.
     pub(super) fn usage(&self) -> (f64, f64) {
-        let Some(pid) = self.child.id() else {
-            return (0.0, 0.0);
-        };
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let hwm_kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0.0);
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // Fields after the command name (which may hold spaces): utime and stime are the
-        // 14th and 15th fields, in clock ticks (100 a second on Linux).
-        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        (hwm_kb / 1024.0, (ticks(11) + ticks(12)) / 100.0)
+        self.child.id().map_or((0.0, 0.0), proc_usage)
     }
 
     /// Why the process is gone, if it exited (it should not before it is stopped).
@@ -118,6 +103,23 @@ impl Worker {
         );
         Ok(())
     }
+}
+
+/// A process's (peak RSS in MB, CPU seconds) so far, from /proc.
+pub(super) fn proc_usage(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime are the 14th and
+    // 15th fields, in clock ticks (100 a second on Linux).
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (hwm_kb / 1024.0, (ticks(11) + ticks(12)) / 100.0)
 }
 
 pub(super) fn spec(

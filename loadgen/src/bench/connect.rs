@@ -1,0 +1,715 @@
+//! Kafka Connect with Debezium's JDBC sink, the peer of the batch drain: a standalone Connect
+//! worker (the broker's version, `scripts/connect.sh fetch` brings its jars) sinks the same
+//! kind of payments topic into a PostgreSQL table upserted by event id. It does less than the
+//! engine (no dedupe ledger, no effect, no outbox row; idempotent by its primary key alone) and
+//! is measured the way the drains are: records over the span from the first to the last row
+//! inserted (`loaded_at DEFAULT clock_timestamp()`, as the engine's `credited_at`).
+//!
+//! Debezium's sink needs a `Struct` value: a schemaless JSON value (`JsonConverter` with
+//! `schemas.enable=false`) fails in the task (`NullPointerException: ... "payload" is null`),
+//! and neither Kafka nor Debezium ships a transform that gives schemaless JSON a schema. So
+//! Connect reads a copy of the payments topic, made record by record (same partition, order,
+//! key, headers and payload), each value wrapped in `JsonConverter`'s schema envelope: the
+//! usual way to feed JSON to a JDBC sink without a schema registry. The schema travels in
+//! every record; `connect.value_bytes_per_record` says how much that adds.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use uuid::Uuid;
+
+use super::worker::{proc_usage, resends_only, spec};
+use super::BenchArgs;
+use crate::produce::Step;
+use crate::{produce_stage, Session};
+
+const SINK: &str = "io.debezium:debezium-connector-jdbc:3.3.1.Final";
+const RUNTIME: &str = "org.apache.kafka:connect-runtime:4.1.1 (standalone)";
+/// The database of Connect's tables, next to the engine's (created if missing).
+const DATABASE: &str = "connect_bench";
+const PARTITIONS: i32 = 6;
+/// JsonConverter's schema for the payment's fields as loadgen writes them. The two logical
+/// names are Debezium's, so its PostgreSQL dialect binds a `uuid` and a `timestamptz` as a
+/// hand-made table would hold them (and as the engine parses them).
+const SCHEMA: &str = concat!(
+    r#"{"type":"struct","name":"payment","optional":false,"fields":["#,
+    r#"{"field":"event_id","type":"string","optional":false,"name":"io.debezium.data.Uuid"},"#,
+    r#"{"field":"payment_id","type":"string","optional":false},"#,
+    r#"{"field":"user_id","type":"string","optional":false},"#,
+    r#"{"field":"amount_paise","type":"int64","optional":false},"#,
+    r#"{"field":"occurred_at","type":"string","optional":false,"#,
+    r#""name":"io.debezium.time.ZonedTimestamp"}]}"#
+);
+const CREATE_TABLE: &str =
+    "CREATE TABLE {t} (event_id uuid PRIMARY KEY, payment_id text NOT NULL, \
+     user_id text NOT NULL, amount_paise bigint NOT NULL, occurred_at timestamptz NOT NULL, \
+     loaded_at timestamptz NOT NULL DEFAULT clock_timestamp())";
+/// The JVM options of Kafka's `connect-standalone.sh` (`kafka-run-class.sh`'s defaults).
+const JVM: &[&str] = &[
+    "-Xms256M",
+    "-Xmx2G",
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:MaxInlineLevel=15",
+    "-Djava.awt.headless=true",
+];
+
+/// One tuning of the sink: Debezium's `batch.size` and the consumer's `max.poll.records`.
+struct Tuning {
+    name: &'static str,
+    batch_size: u32,
+    max_poll_records: u32,
+}
+
+/// The defaults of both (500 each), then both raised four- and tenfold. The best is reported.
+const TUNINGS: [Tuning; 3] = [
+    Tuning {
+        name: "default",
+        batch_size: 500,
+        max_poll_records: 500,
+    },
+    Tuning {
+        name: "batch2000",
+        batch_size: 2000,
+        max_poll_records: 2000,
+    },
+    Tuning {
+        name: "batch5000",
+        batch_size: 5000,
+        max_poll_records: 5000,
+    },
+];
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct ConnectReport {
+    /// The best run's records/s, first to last row inserted.
+    pub(super) msg_s: f64,
+    pub(super) best: String,
+    pub(super) verified: bool,
+    pub(super) runtime: String,
+    pub(super) sink: String,
+    pub(super) events: u64,
+    pub(super) records: u64,
+    pub(super) span: String,
+    pub(super) data: String,
+    /// Mean value bytes per record: the payments topic's, and the copy's Connect reads.
+    pub(super) value_bytes_per_record: [f64; 2],
+    pub(super) runs: Vec<ConnectRun>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct ConnectRun {
+    pub(super) tuning: String,
+    pub(super) tasks_max: i32,
+    pub(super) batch_size: u32,
+    pub(super) consumer_max_poll_records: u32,
+    pub(super) insert_mode: String,
+    pub(super) primary_key: String,
+    pub(super) msg_s: f64,
+    pub(super) seconds: f64,
+    pub(super) rows: u64,
+    pub(super) verified: bool,
+    /// What the table holds that it should not, or lacks (the first few).
+    pub(super) problems: Vec<String>,
+    /// From the JVM's start until every task runs.
+    pub(super) startup_s: f64,
+    /// The JVM's CPU seconds until every task ran, and after that.
+    pub(super) cpu_s_startup: f64,
+    pub(super) cpu_s_drain: f64,
+    pub(super) cpu_us_per_msg: f64,
+    pub(super) rss_mb_peak: f64,
+}
+
+/// Pre-fills a payments topic like the batch drain's, copies it with a schema, and sinks the
+/// copy with each tuning in turn (a fresh connector, consumer group and table each time).
+pub(super) async fn connect(args: &BenchArgs, events: u64) -> anyhow::Result<ConnectReport> {
+    let lib = &args.connect_lib;
+    ensure!(
+        lib.join("connect-runtime-4.1.1.jar").exists(),
+        "no Kafka Connect jars in {}: run `scripts/connect.sh fetch` first",
+        lib.display()
+    );
+    let brokers = args.services.brokers.as_str();
+    let name = format!("bench-connect-{:06x}", fastrand::u32(..0xffffff));
+    let plan = vec![Step {
+        rate: None,
+        duration: Duration::from_secs(3600),
+    }];
+    let spec = spec(args, &name, plan, Some(events), resends_only());
+    let session = Session::open(&spec).await?;
+    let produced = produce_stage(&session, &spec).await?;
+    produced.stop_sampling();
+    let expected = produced.amounts_by_event();
+    let records = produced.acked();
+    let copy = format!("{name}-schema");
+    crate::create_topic(brokers, &copy, PARTITIONS, 1).await?;
+    let (b, from, to) = (brokers.to_string(), name.clone(), copy.clone());
+    let (copied, bytes_in, bytes_out) =
+        tokio::task::spawn_blocking(move || copy_with_schema(&b, &from, &to)).await??;
+    let highs = highs(brokers, &copy)?;
+    ensure!(
+        copied == records && highs.iter().sum::<i64>() as u64 == records,
+        "copying {name} with a schema: {records} records acknowledged, {copied} read, {} in the copy",
+        highs.iter().sum::<i64>()
+    );
+    eprintln!(
+        "   topic pre-filled: {records} records ({} payments), copied with a schema for Connect",
+        expected.len()
+    );
+    let db = database(&args.services.database_url).await?;
+    let mut report = ConnectReport {
+        verified: true,
+        runtime: RUNTIME.into(),
+        sink: SINK.into(),
+        events: expected.len() as u64,
+        records,
+        span: "records over the span from the first to the last row inserted (loaded_at, \
+               clock_timestamp() per row, like the engine's credited_at)"
+            .into(),
+        data: format!(
+            "a copy of a payments topic pre-filled like the batch drain's ({PARTITIONS} \
+             partitions, 10% resends), same partition, order, key, headers and payload per \
+             record, each value in JsonConverter's schema envelope: Debezium's JDBC sink needs \
+             a schema, and schemaless JSON fails in its task"
+        ),
+        value_bytes_per_record: [
+            round1(bytes_in as f64 / records.max(1) as f64),
+            round1(bytes_out as f64 / records.max(1) as f64),
+        ],
+        ..ConnectReport::default()
+    };
+    for tuning in &TUNINGS {
+        let run = sink(args, &db.0, &db.1, &copy, &highs, &expected, tuning).await?;
+        eprintln!(
+            "   {}: batch.size {}, max.poll.records {}: {:.0} msg/s ({} records in {:.1} s, first \
+             to last row), verified: {}, JVM start {:.1} s, {:.1} µs CPU/msg, peak RSS {:.0} MB",
+            run.tuning,
+            run.batch_size,
+            run.consumer_max_poll_records,
+            run.msg_s,
+            records,
+            run.seconds,
+            run.verified,
+            run.startup_s,
+            run.cpu_us_per_msg,
+            run.rss_mb_peak
+        );
+        report.verified &= run.verified;
+        if run.msg_s > report.msg_s {
+            report.msg_s = run.msg_s;
+            report.best = run.tuning.clone();
+        }
+        report.runs.push(run);
+    }
+    delete_topics(brokers, &[&name, &copy]).await;
+    Ok(report)
+}
+
+/// One Connect worker sinking `topic` into a fresh table with `tuning`, until its consumer
+/// group has committed the topic's ends; then the table is checked and dropped.
+async fn sink(
+    args: &BenchArgs,
+    db: &tokio_postgres::Client,
+    pg: &tokio_postgres::Config,
+    topic: &str,
+    highs: &[i64],
+    expected: &HashMap<Uuid, i64>,
+    tuning: &Tuning,
+) -> anyhow::Result<ConnectRun> {
+    let name = format!("{topic}-{}", tuning.name);
+    let table = name.replace('-', "_");
+    db.batch_execute(&format!(
+        "DROP TABLE IF EXISTS {table}; {}",
+        CREATE_TABLE.replace("{t}", &table)
+    ))
+    .await
+    .context("creating Connect's table")?;
+    let dir = std::path::absolute(args.out.join(&name))?;
+    std::fs::create_dir_all(&dir)?;
+    let port = free_port()?;
+    let files = write_config(
+        &dir,
+        &args.services.brokers,
+        pg,
+        topic,
+        &name,
+        &table,
+        port,
+        tuning,
+    )?;
+    let started = Instant::now();
+    let mut java = tokio::process::Command::new("java")
+        .args(JVM)
+        .arg("-cp")
+        .arg(format!("{}/*", args.connect_lib.display()))
+        .arg(format!("-Dlog4j2.configurationFile={}", files[2].display()))
+        .arg("org.apache.kafka.connect.cli.ConnectStandalone")
+        .args(&files[..2])
+        .stdout(std::fs::File::create(dir.join("stdout.log"))?)
+        .stderr(Stdio::from(std::fs::File::create(dir.join("stderr.log"))?))
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting java (Kafka Connect)")?;
+    let pid = java.id().context("Connect exited at once")?;
+    let log = dir.join("connect.log");
+    let status = format!("/connectors/{name}/status");
+    let watch = |running: &mut tokio::process::Child| -> anyhow::Result<()> {
+        if let Some(s) = running.try_wait()? {
+            bail!("Kafka Connect exited: {s} (see {})", log.display());
+        }
+        Ok(())
+    };
+    // Started: every task RUNNING. A slow machine takes tens of seconds to start the JVM.
+    loop {
+        watch(&mut java)?;
+        ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "Connect's tasks did not all run within 300 s (see {})",
+            log.display()
+        );
+        if let Ok(v) = rest_get(port, &status).await {
+            if tasks_running(&v)? == PARTITIONS as usize {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let startup_s = started.elapsed().as_secs_f64();
+    let cpu_s_startup = proc_usage(pid).1;
+    // Done: the group's committed offsets (which Connect moves only after the sink flushed)
+    // at the topic's ends.
+    let group = group_reader(&args.services.brokers, &name)?;
+    loop {
+        watch(&mut java)?;
+        ensure!(
+            started.elapsed() < Duration::from_secs(1800),
+            "Connect did not sink {topic} within 30 minutes (see {})",
+            log.display()
+        );
+        if let Ok(v) = rest_get(port, &status).await {
+            tasks_running(&v)?;
+        }
+        if lag(&group, topic, highs)? == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (rss_mb, cpu_s) = proc_usage(pid);
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    match tokio::time::timeout(Duration::from_secs(60), java.wait()).await {
+        Ok(s) => eprintln!("   Connect stopped ({})", s?),
+        Err(_) => {
+            eprintln!("   Connect did not stop within 60 s of SIGTERM: killed");
+            java.kill().await?;
+        }
+    }
+    let row = db
+        .query_one(
+            &format!(
+                "SELECT count(*), coalesce(extract(epoch FROM max(loaded_at) - min(loaded_at)), 0)::float8 \
+                 FROM {table}"
+            ),
+            &[],
+        )
+        .await?;
+    let (rows, span): (i64, f64) = (row.get(0), row.get(1));
+    let problems = check(db, &table, expected).await?;
+    db.batch_execute(&format!("DROP TABLE {table}")).await?;
+    let records: i64 = highs.iter().sum();
+    let drain_cpu = cpu_s - cpu_s_startup;
+    Ok(ConnectRun {
+        tuning: tuning.name.into(),
+        tasks_max: PARTITIONS,
+        batch_size: tuning.batch_size,
+        consumer_max_poll_records: tuning.max_poll_records,
+        insert_mode: "upsert".into(),
+        primary_key: "record_value: event_id".into(),
+        msg_s: if span > 0.0 {
+            records as f64 / span
+        } else {
+            0.0
+        },
+        seconds: span,
+        rows: rows as u64,
+        verified: problems.is_empty(),
+        problems,
+        startup_s: round1(startup_s),
+        cpu_s_startup: round1(cpu_s_startup),
+        cpu_s_drain: round1(drain_cpu),
+        cpu_us_per_msg: round1(drain_cpu * 1e6 / records.max(1) as f64),
+        rss_mb_peak: round1(rss_mb),
+    })
+}
+
+/// The worker's, the connector's and log4j2's properties files, in that order.
+#[allow(clippy::too_many_arguments)]
+fn write_config(
+    dir: &Path,
+    brokers: &str,
+    pg: &tokio_postgres::Config,
+    topic: &str,
+    name: &str,
+    table: &str,
+    port: u16,
+    tuning: &Tuning,
+) -> anyhow::Result<[PathBuf; 3]> {
+    let host = match pg.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => bail!("Connect's JDBC driver needs a TCP host in DATABASE_URL"),
+    };
+    let port_pg = pg.get_ports().first().copied().unwrap_or(5432);
+    let user = pg.get_user().unwrap_or("postgres");
+    let password = String::from_utf8_lossy(pg.get_password().unwrap_or_default());
+    // offset.flush.interval.ms: the 10 s of Kafka's own config/connect-standalone.properties.
+    let worker = format!(
+        "bootstrap.servers={brokers}\n\
+         key.converter=org.apache.kafka.connect.storage.StringConverter\n\
+         value.converter=org.apache.kafka.connect.json.JsonConverter\n\
+         value.converter.schemas.enable=true\n\
+         offset.storage.file.filename={offsets}\n\
+         offset.flush.interval.ms=10000\n\
+         listeners=http://127.0.0.1:{port}\n\
+         rest.advertised.host.name=127.0.0.1\n\
+         plugin.discovery=service_load\n\
+         consumer.max.poll.records={poll}\n",
+        offsets = dir.join("connect.offsets").display(),
+        poll = tuning.max_poll_records,
+    );
+    let connector = format!(
+        "name={name}\n\
+         connector.class=io.debezium.connector.jdbc.JdbcSinkConnector\n\
+         tasks.max={PARTITIONS}\n\
+         topics={topic}\n\
+         connection.url=jdbc:postgresql://{host}:{port_pg}/{DATABASE}\n\
+         connection.username={user}\n\
+         connection.password={password}\n\
+         insert.mode=upsert\n\
+         primary.key.mode=record_value\n\
+         primary.key.fields=event_id\n\
+         schema.evolution=none\n\
+         collection.name.format={table}\n\
+         batch.size={batch}\n",
+        batch = tuning.batch_size,
+    );
+    let log4j = format!(
+        "status = warn\n\
+         appender.file.type = File\n\
+         appender.file.name = FILE\n\
+         appender.file.fileName = {}\n\
+         appender.file.layout.type = PatternLayout\n\
+         appender.file.layout.pattern = [%d] %p %m (%c)%n\n\
+         rootLogger.level = INFO\n\
+         rootLogger.appenderRef.file.ref = FILE\n",
+        dir.join("connect.log").display()
+    );
+    let files = [
+        dir.join("worker.properties"),
+        dir.join("sink.properties"),
+        dir.join("log4j2.properties"),
+    ];
+    for (f, text) in files.iter().zip([worker, connector, log4j]) {
+        std::fs::write(f, text)?;
+    }
+    Ok(files)
+}
+
+/// Copies `from` into `to` record by record (same partition, order, key and headers), each
+/// value wrapped in JsonConverter's envelope with [`SCHEMA`]. Returns the records copied and
+/// the value bytes read and written.
+fn copy_with_schema(brokers: &str, from: &str, to: &str) -> anyhow::Result<(u64, u64, u64)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set(
+            "group.id",
+            format!("loadgen-connect-copy-{}", Uuid::new_v4()),
+        )
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("creating the copy's consumer")?;
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .context("creating the copy's producer")?;
+    let mut assignment = TopicPartitionList::new();
+    let mut left = HashMap::new();
+    for p in 0..PARTITIONS {
+        let (low, high) = consumer.fetch_watermarks(from, p, Duration::from_secs(10))?;
+        if high > low {
+            assignment.add_partition_offset(from, p, Offset::Offset(low))?;
+            left.insert(p, high);
+        }
+    }
+    consumer.assign(&assignment)?;
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let (mut n, mut bytes_in, mut bytes_out) = (0u64, 0u64, 0u64);
+    while !left.is_empty() {
+        ensure!(
+            Instant::now() < deadline,
+            "copying {from}: not done in 900 s"
+        );
+        let Some(msg) = consumer.poll(Duration::from_millis(500)) else {
+            continue;
+        };
+        let msg = msg.with_context(|| format!("reading {from}"))?;
+        let p = msg.partition();
+        if left.get(&p).is_some_and(|end| msg.offset() + 1 >= *end) {
+            left.remove(&p);
+        }
+        let payload = msg.payload().unwrap_or_default();
+        let value = [
+            b"{\"schema\":".as_slice(),
+            SCHEMA.as_bytes(),
+            b",\"payload\":",
+            payload,
+            b"}",
+        ]
+        .concat();
+        let mut headers = OwnedHeaders::new();
+        for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
+            headers = headers.insert(Header {
+                key: h.key,
+                value: h.value,
+            });
+        }
+        let mut record = BaseRecord::<[u8], [u8]>::to(to)
+            .partition(p)
+            .payload(value.as_slice())
+            .headers(headers);
+        if let Some(k) = msg.key() {
+            record = record.key(k);
+        }
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    producer.poll(Duration::from_millis(100));
+                }
+                Err((e, _)) => return Err(e).with_context(|| format!("copying into {to}")),
+            }
+        }
+        producer.poll(Duration::ZERO);
+        n += 1;
+        bytes_in += payload.len() as u64;
+        bytes_out += value.len() as u64;
+    }
+    producer
+        .flush(Duration::from_secs(120))
+        .with_context(|| format!("flushing the copy into {to}"))?;
+    Ok((n, bytes_in, bytes_out))
+}
+
+/// The topic's high watermarks, by partition.
+fn highs(brokers: &str, topic: &str) -> anyhow::Result<Vec<i64>> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    (0..PARTITIONS)
+        .map(|p| Ok(c.fetch_watermarks(topic, p, Duration::from_secs(10))?.1))
+        .collect()
+}
+
+/// A client that only reads the committed offsets of Connect's consumer group (`connect-` and
+/// the connector's name); it never joins the group.
+fn group_reader(brokers: &str, connector: &str) -> anyhow::Result<BaseConsumer> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("connect-{connector}"))
+        .set("enable.auto.commit", "false")
+        .create()?)
+}
+
+/// Records between the group's committed offsets and the topic's ends.
+fn lag(group: &BaseConsumer, topic: &str, highs: &[i64]) -> anyhow::Result<i64> {
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition(topic, p);
+    }
+    let committed = group.committed_offsets(tpl, Duration::from_secs(5))?;
+    Ok((0..PARTITIONS)
+        .map(|p| {
+            let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                _ => 0,
+            };
+            (highs[p as usize] - at).max(0)
+        })
+        .sum())
+}
+
+/// How many tasks run; an error with the trace if the connector or a task failed.
+fn tasks_running(status: &serde_json::Value) -> anyhow::Result<usize> {
+    let failed = |s: &serde_json::Value| s["state"] == "FAILED";
+    if failed(&status["connector"]) {
+        bail!(
+            "Connect's connector failed: {}",
+            status["connector"]["trace"]
+        );
+    }
+    let tasks = status["tasks"].as_array().cloned().unwrap_or_default();
+    if let Some(t) = tasks.iter().find(|t| failed(t)) {
+        let trace = t["trace"].as_str().unwrap_or("");
+        bail!(
+            "Connect's task {} failed: {}",
+            t["id"],
+            &trace[..trace.len().min(2000)]
+        );
+    }
+    Ok(tasks.iter().filter(|t| t["state"] == "RUNNING").count())
+}
+
+/// A GET of Connect's REST API on the loopback: one request, HTTP/1.0, the JSON body.
+async fn rest_get(port: u16, path: &str) -> anyhow::Result<serde_json::Value> {
+    let request = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        anyhow::Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(5), request).await??;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("an HTTP answer without a body")?;
+    ensure!(
+        head.split_whitespace().nth(1) == Some("200"),
+        "GET {path}: {}",
+        head.lines().next().unwrap_or("")
+    );
+    Ok(serde_json::from_str(body)?)
+}
+
+/// What differs between the table and the payments: missing, unexpected and wrong amounts
+/// (the first ten), the counts and the amounts' sums.
+async fn check(
+    db: &tokio_postgres::Client,
+    table: &str,
+    expected: &HashMap<Uuid, i64>,
+) -> anyhow::Result<Vec<String>> {
+    let rows = db
+        .query(&format!("SELECT event_id, amount_paise FROM {table}"), &[])
+        .await?;
+    let mut problems = Vec::new();
+    let mut seen = 0usize;
+    let mut sum = 0i64;
+    for r in &rows {
+        let (id, amount): (Uuid, i64) = (r.get(0), r.get(1));
+        sum += amount;
+        match expected.get(&id) {
+            Some(&a) if a == amount => seen += 1,
+            Some(&a) => problems.push(format!("{id}: amount {amount}, produced {a}")),
+            None => problems.push(format!("{id}: not produced")),
+        }
+    }
+    let want: i64 = expected.values().sum();
+    if rows.len() != expected.len() || sum != want || seen != expected.len() {
+        problems.insert(
+            0,
+            format!(
+                "{} rows (amounts {sum}) against {} payments produced (amounts {want})",
+                rows.len(),
+                expected.len()
+            ),
+        );
+    }
+    problems.truncate(10);
+    Ok(problems)
+}
+
+/// A client of [`DATABASE`] (created if missing) and its config, from `DATABASE_URL`.
+async fn database(url: &str) -> anyhow::Result<(tokio_postgres::Client, tokio_postgres::Config)> {
+    let mut cfg: tokio_postgres::Config = url.parse().context("parsing DATABASE_URL")?;
+    let (db, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    match db
+        .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
+        .await
+    {
+        Ok(()) => {}
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) => {}
+        Err(e) => return Err(e).context("creating Connect's database"),
+    }
+    cfg.dbname(DATABASE);
+    let (db, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok((db, cfg))
+}
+
+async fn delete_topics(brokers: &str, topics: &[&str]) {
+    let admin: Result<AdminClient<DefaultClientContext>, _> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create();
+    if let Ok(admin) = admin {
+        let _ = admin.delete_topics(topics, &AdminOptions::new()).await;
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schema_names_every_field_of_the_payload() {
+        let schema: serde_json::Value = serde_json::from_str(SCHEMA).unwrap();
+        let names: Vec<&str> = schema["fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["field"].as_str().unwrap())
+            .collect();
+        // The fields of produce.rs's payment payload, in any order.
+        let mut want = [
+            "event_id",
+            "payment_id",
+            "user_id",
+            "amount_paise",
+            "occurred_at",
+        ];
+        let mut got = names.clone();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_failed_task_is_an_error_with_its_trace() {
+        let running = serde_json::json!({"connector": {"state": "RUNNING"},
+            "tasks": [{"id": 0, "state": "RUNNING"}, {"id": 1, "state": "UNASSIGNED"}]});
+        assert_eq!(tasks_running(&running).unwrap(), 1);
+        let failed = serde_json::json!({"connector": {"state": "RUNNING"},
+            "tasks": [{"id": 3, "state": "FAILED", "trace": "boom"}]});
+        let e = tasks_running(&failed).unwrap_err().to_string();
+        assert!(e.contains("task 3") && e.contains("boom"), "{e}");
+    }
+}
