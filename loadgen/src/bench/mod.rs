@@ -8,7 +8,9 @@
 //!    drain's kind and size into the `inbox` table, then processors (4, then 1 on fresh data)
 //!    applying what it stored;
 //! 5. end-to-end latency at offered 500 and 2,000 msg/s;
-//! 6. the draining worker's peak RSS and CPU time per message, from `/proc`; WAL bytes and row
+//! 6. River, the Go job queue on PostgreSQL, working no-op jobs against our inbox processors
+//!    applying as many stored rows with a no-op effect (`river.rs`);
+//! 7. the draining worker's peak RSS and CPU time per message, from `/proc`; WAL bytes and row
 //!    writes per message of the drains and of the inbox, from PostgreSQL.
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
@@ -18,6 +20,7 @@ mod db;
 mod drain;
 mod inbox;
 mod latency;
+mod river;
 mod worker;
 
 use std::path::PathBuf;
@@ -29,6 +32,7 @@ use serde::Serialize;
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
 use inbox::{inbox, InboxRun, InboxRuns};
 use latency::{latency, LatencyAt, P99_TARGET_MS};
+use river::RiverRuns;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -57,6 +61,7 @@ pub enum Phase {
     Drains,
     Inbox,
     Latency,
+    River,
     Prefilter,
     Retention,
 }
@@ -72,6 +77,8 @@ struct Sizes {
     /// Payments of the inbox run with 1 processor: a tenth of that.
     inbox_1: u64,
     latency: Duration,
+    /// Jobs of each River run, and rows of each of our no-op inbox runs.
+    river: u64,
 }
 
 /// The inbox runs' size limit: the processors apply a few thousand rows a second (2026-12-04,
@@ -97,6 +104,7 @@ impl Sizes {
             inbox: batch.min(INBOX_MAX),
             inbox_1: (batch.min(INBOX_MAX) / 10).max(1_000),
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
+            river: ((200_000.0 * f) as u64).max(2_000),
         })
     }
 }
@@ -146,6 +154,16 @@ struct BenchReport {
     /// Why the inbox phase could not measure, if it could not (then its numbers are 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     inbox_error: Option<String>,
+    /// River's better run (tuned or default): no-op jobs/s, first to last `finalized_at`.
+    river_jobs_s: f64,
+    /// Our best processor count applying as many stored rows with a no-op effect: rows/s,
+    /// first to last `done_at`.
+    inbox_noop_rows_s: f64,
+    inbox_vs_river: f64,
+    /// Both sides of the River phase in detail (`river.rs`).
+    river: RiverRuns,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    river_error: Option<String>,
     /// A 100%-duplicate replay: records/s with the Redis pre-filter over without it.
     prefilter_replay_speedup: f64,
     /// Share of the first drain's keys the pre-filter holds afterwards (beside `verified`,
@@ -263,6 +281,28 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             }
         );
         report.verified &= lat_ok;
+    }
+
+    if wants(Phase::River) {
+        eprintln!(
+            "== River vs the inbox's processors: {} no-op jobs, {} no-op rows",
+            sizes.river, sizes.river
+        );
+        match river::river(&bin, &args, sizes.river).await {
+            Ok(runs) => {
+                report.verified &= runs.verified;
+                report.river_jobs_s = runs.river_tuned.jobs_s.max(runs.river_default.jobs_s);
+                report.inbox_noop_rows_s =
+                    (runs.inbox.iter()).map(|r| r.rows_s).fold(0.0, f64::max);
+                report.inbox_vs_river = runs.inbox_vs_river;
+                report.river = runs;
+            }
+            Err(e) => {
+                eprintln!("   the River phase failed: {e:#}");
+                report.river_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
     }
 
     if wants(Phase::Prefilter) {
