@@ -8,7 +8,7 @@
 //! - Ours: a receiver-only worker (`processors = 0`) stores a pre-filled topic of as many
 //!   messages (untimed), then a worker with `processors` processors applies the rows with a
 //!   `kind = "sql"` handler whose statement writes nothing; at 1, 4, 8 and 16 processors, each
-//!   on fresh rows, and the best is compared. `ordering_key = "none"`: River's jobs are
+//!   on fresh rows, and the best is compared against River's better run. `ordering_key = "none"`: River's jobs are
 //!   independent, and one key would serialize ours.
 //!
 //! Both rates are first to last completion: River's `finalized_at` (stamped in its client when
@@ -46,7 +46,10 @@ pub(super) struct RiverRuns {
     /// What our side's no-op is and what it costs beyond River's.
     pub(super) noop: String,
     pub(super) river_default: RiverRun,
+    /// The better of two tuned runs, one before ours and one after.
     pub(super) river_tuned: RiverRun,
+    /// Both tuned runs' jobs/s: before ours, after ours.
+    pub(super) river_tuned_jobs_s_each: [f64; 2],
     /// Our runs, one per processor count.
     pub(super) inbox: Vec<NoopRun>,
     /// The processor count of our best run, the one compared.
@@ -94,6 +97,9 @@ pub(super) struct NoopRun {
     /// open row (polled every 50 ms).
     pub(super) seconds_wall: f64,
     pub(super) rows_s_wall: f64,
+    /// From the worker's start to the first row's `done_at` (its round's transaction start):
+    /// start-up and the first claim, which the first-to-last span leaves out.
+    pub(super) first_done_after_s: f64,
     /// Untimed: the receiver storing the topic.
     pub(super) ingest_seconds: f64,
     pub(super) rss_mb_peak: f64,
@@ -104,17 +110,27 @@ pub(super) struct NoopRun {
     pub(super) verified: bool,
 }
 
-/// Both sides on `n` items each, back to back: ours at each of [`PROCESSORS`], then River tuned
-/// and default.
+/// Both sides on `n` items each, back to back: River tuned, ours at each of [`PROCESSORS`],
+/// River tuned again, River default.
 pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Result<RiverRuns> {
     let harness = build_harness().await?;
+    // River tuned before and after ours, the better run compared: on a shared machine the
+    // load drifts within minutes, and ours take several.
+    eprintln!("   River, tuned, {n} no-op jobs (before ours)");
+    let tuned_before = run_harness(&harness, args, "tuned", n).await?;
     let mut inbox = Vec::new();
     for p in PROCESSORS {
         eprintln!("   inbox, {p} processor(s), no-op sql handler, {n} rows");
         inbox.push(noop_inbox(bin, args, p, n).await?);
     }
-    eprintln!("   River, tuned, {n} no-op jobs");
-    let river_tuned = run_harness(&harness, args, "tuned", n).await?;
+    eprintln!("   River, tuned, {n} no-op jobs (after ours)");
+    let tuned_after = run_harness(&harness, args, "tuned", n).await?;
+    let river_tuned_jobs_s_each = [tuned_before.jobs_s, tuned_after.jobs_s];
+    let river_tuned = if tuned_after.jobs_s > tuned_before.jobs_s {
+        tuned_after
+    } else {
+        tuned_before
+    };
     eprintln!("   River, default, {n} no-op jobs");
     let river_default = run_harness(&harness, args, "default", n).await?;
 
@@ -143,6 +159,7 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
             && river_default.completed == n,
         river_default,
         river_tuned,
+        river_tuned_jobs_s_each,
         inbox,
     };
     eprintln!(
@@ -224,6 +241,7 @@ async fn noop_inbox(
     // Timed: the processors.
     let mark = db.mark().await?;
     let started = Instant::now();
+    let started_at = std::time::SystemTime::now();
     let file = format!("{name}-processors");
     let mut worker = Worker::start_config(bin, args, &config(processors), &file).await?;
     loop {
@@ -249,13 +267,18 @@ async fn noop_inbox(
         .query_one(
             "SELECT count(*), count(*) FILTER (WHERE status = 'DONE'),
                     count(*) FILTER (WHERE status = 'FAILED'),
-                    coalesce(extract(epoch FROM max(done_at) - min(done_at)), 0)::float8
+                    coalesce(extract(epoch FROM max(done_at) - min(done_at)), 0)::float8,
+                    coalesce(extract(epoch FROM min(done_at)), 0)::float8
              FROM inbox WHERE consumer = $1",
             &[&name],
         )
         .await?;
-    let (stored, done, failed, span): (i64, i64, i64, f64) =
-        (r.get(0), r.get(1), r.get(2), r.get(3));
+    let (stored, done, failed, span, first): (i64, i64, i64, f64, f64) =
+        (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+    // Same machine, same clock: the worker's start against PostgreSQL's first done_at.
+    let start_epoch = started_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
     // The rows are ours alone and measured: out of the shared inbox, so later runs (and other
     // phases) do not work beside them.
     db.client
@@ -272,6 +295,7 @@ async fn noop_inbox(
         rows_s: per_second(done, span),
         seconds_wall: (wall * 1000.0).round() / 1000.0,
         rows_s_wall: per_second(done, wall),
+        first_done_after_s: ((first - start_epoch) * 1000.0).round() / 1000.0,
         ingest_seconds: round1(ingest_seconds),
         rss_mb_peak: round1(rss_mb),
         cpu_us_per_row: round1(cpu_s * 1e6 / done.max(1) as f64),
@@ -285,12 +309,13 @@ async fn noop_inbox(
     };
     eprintln!(
         "   {processors} processor(s): {:.0} rows/s ({done} DONE, {failed} FAILED, {:.2} s first \
-         to last DONE; {:.0} rows/s over {:.2} s from the worker's start), {:.1} µs CPU/row, \
-         {:.0} WAL bytes/row, verified: {}",
+         to last DONE; {:.0} rows/s over {:.2} s from the worker's start, the first DONE {:.2} s \
+         after it), {:.1} µs CPU/row, {:.0} WAL bytes/row, verified: {}",
         run.rows_s,
         run.seconds,
         run.rows_s_wall,
         run.seconds_wall,
+        run.first_done_after_s,
         run.cpu_us_per_row,
         run.wal_bytes_per_row,
         run.verified
