@@ -70,8 +70,10 @@ demo: up
 	scripts/demo.sh
 
 # Side by side, one run: the SQL ceiling, the batch and per-message strategies draining a
-# pre-filled topic, latency at 500 and 2,000 msg/s, RSS and CPU per message. Writes
-# target/bench/report.json. BENCH_SCALE=quick takes about 2 minutes.
+# pre-filled topic, latency at 500 and 2,000 msg/s, RSS and CPU per message, and the inbox's
+# processors against River (the Go job queue: loadgen builds peers/river with Go 1.26 into
+# target/peers/, modules from the Go module proxy). Writes target/bench/report.json.
+# BENCH_SCALE=quick takes about 2 minutes; BENCH_ONLY=river runs one phase.
 bench: up
 	cargo build -q --release --workspace --bins
 	$(WITH_ENV) target/release/effectively migrate >/dev/null
