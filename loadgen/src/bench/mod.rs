@@ -6,13 +6,16 @@
 //! 3. the per-message strategy draining the same kind of data;
 //! 4. the inbox strategy: one pre-filled topic of the batch drain's kind, stored by a
 //!    receiver-only worker into the `inbox` table once per run, then the processor curve on
-//!    those same rows (1, 2, 4 and 8 processors, 2 workers x 4, and 1 again)
-//!    applying what it stored;
+//!    those same rows (1, 2, 4 and 8 processors, 2 workers x 4, and 1 again);
 //! 5. end-to-end latency at offered 500 and 2,000 msg/s;
 //! 6. the draining worker's peak RSS and CPU time per message, from `/proc`; WAL bytes and row
 //!    writes per message of the drains and of the inbox, from PostgreSQL;
 //! 7. a peer: Kafka Connect with Debezium's JDBC sink upserting the same kind of topic by event
-//!    id, right after the drains (`connect`).
+//!    id, right after the drains (`connect`);
+//! 8. River, the Go job queue on PostgreSQL, working no-op jobs against our inbox processors
+//!    applying as many stored rows with a no-op effect (`river.rs`);
+//! 9. the pre-filter's replays (`crate::replay`), 1 to 3 workers draining one topic, and
+//!    retention (dropping a day against deleting it).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
@@ -22,6 +25,7 @@ mod db;
 mod drain;
 mod inbox;
 mod latency;
+mod river;
 mod worker;
 
 use std::path::PathBuf;
@@ -35,6 +39,7 @@ pub(crate) use db::pg_cpu_seconds;
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
 use inbox::InboxRuns;
 use latency::{latency, LatencyAt, P99_TARGET_MS};
+use river::RiverRuns;
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -68,6 +73,7 @@ pub enum Phase {
     Connect,
     Inbox,
     Latency,
+    River,
     Prefilter,
     Retention,
     /// 1, 2 and 3 workers draining one topic (docs/SCALING.md).
@@ -85,6 +91,8 @@ struct Sizes {
     /// tenth of the batch drain's, at least 10,000 and at most [`INBOX_MAX`].
     inbox: u64,
     latency: Duration,
+    /// Jobs of each River run, and rows of each of our no-op inbox runs.
+    river: u64,
 }
 
 /// The inbox curve's size limit: each of its six runs stores the topic and applies every row,
@@ -110,6 +118,7 @@ impl Sizes {
             scale_out: (batch / 3).max(10_000),
             inbox: (batch / 10).clamp(10_000, INBOX_MAX),
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
+            river: ((200_000.0 * f) as u64).max(2_000),
         })
     }
 }
@@ -175,6 +184,16 @@ struct BenchReport {
     /// Why the Connect phase could not measure, if it could not (then its numbers are 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     connect_error: Option<String>,
+    /// River's better run (tuned or default): no-op jobs/s, first to last `finalized_at`.
+    river_jobs_s: f64,
+    /// Our best processor count applying as many stored rows with a no-op effect: rows/s,
+    /// first to last `done_at`.
+    inbox_noop_rows_s: f64,
+    inbox_vs_river: f64,
+    /// Both sides of the River phase in detail (`river.rs`).
+    river: RiverRuns,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    river_error: Option<String>,
     /// A 100%-duplicate replay: records/s with the Redis pre-filter over without it.
     prefilter_replay_speedup: f64,
     /// Share of the first drain's keys the pre-filter holds afterwards (beside `verified`,
@@ -314,6 +333,28 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             }
         );
         report.verified &= lat_ok;
+    }
+
+    if wants(Phase::River) {
+        eprintln!(
+            "== River vs the inbox's processors: {} no-op jobs, {} no-op rows",
+            sizes.river, sizes.river
+        );
+        match river::river(&bin, &args, sizes.river).await {
+            Ok(runs) => {
+                report.verified &= runs.verified;
+                report.river_jobs_s = runs.river_tuned.jobs_s.max(runs.river_default.jobs_s);
+                report.inbox_noop_rows_s =
+                    (runs.inbox.iter()).map(|r| r.rows_s).fold(0.0, f64::max);
+                report.inbox_vs_river = runs.inbox_vs_river;
+                report.river = runs;
+            }
+            Err(e) => {
+                eprintln!("   the River phase failed: {e:#}");
+                report.river_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
     }
 
     if wants(Phase::Prefilter) {

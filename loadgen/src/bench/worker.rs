@@ -49,15 +49,23 @@ impl Worker {
         extra: &str,
         file: &str,
     ) -> anyhow::Result<Worker> {
+        let toml = format!(
+            "[worker]\nid = \"{file}\"\n[[consumer]]\nname = \"{consumer}\"\n\
+             topics = [\"{topic}\"]\nstrategy = \"{strategy}\"\n\
+             handler = {{ kind = \"cashback\" }}\n{extra}"
+        );
+        Worker::start_config(bin, args, &toml, file).await
+    }
+
+    /// With the whole config file `toml`, written to `{file}.toml`; logs to `{file}.log`.
+    pub(super) async fn start_config(
+        bin: &Path,
+        args: &BenchArgs,
+        toml: &str,
+        file: &str,
+    ) -> anyhow::Result<Worker> {
         let config = args.out.join(format!("{file}.toml"));
-        std::fs::write(
-            &config,
-            format!(
-                "[worker]\nid = \"{file}\"\n[[consumer]]\nname = \"{consumer}\"\n\
-                 topics = [\"{topic}\"]\nstrategy = \"{strategy}\"\n\
-                 handler = {{ kind = \"cashback\" }}\n{extra}"
-            ),
-        )?;
+        std::fs::write(&config, toml)?;
         let log = std::fs::File::create(args.out.join(format!("{file}.log")))?;
         let child = tokio::process::Command::new(bin)
             .args(["run", "--config"])
