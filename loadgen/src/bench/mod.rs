@@ -9,7 +9,9 @@
 //!    applying what it stored;
 //! 5. end-to-end latency at offered 500 and 2,000 msg/s;
 //! 6. the draining worker's peak RSS and CPU time per message, from `/proc`; WAL bytes and row
-//!    writes per message of the drains and of the inbox, from PostgreSQL.
+//!    writes per message of the drains and of the inbox, from PostgreSQL;
+//! 7. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers
+//!    (`partitions_scale`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
@@ -18,6 +20,7 @@ mod db;
 mod drain;
 mod inbox;
 mod latency;
+mod partitions;
 mod worker;
 
 use std::path::PathBuf;
@@ -29,6 +32,7 @@ use serde::Serialize;
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
 use inbox::{inbox, InboxRun, InboxRuns};
 use latency::{latency, LatencyAt, P99_TARGET_MS};
+use partitions::{partitions_scale, PartitionsScale};
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -48,6 +52,13 @@ pub struct BenchArgs {
     /// the ratios that need them 0. `make bench` runs them all.
     #[arg(long, env = "BENCH_ONLY", value_delimiter = ',', value_enum)]
     only: Vec<Phase>,
+    /// The many-partitions phase: `database.pool_size` of each worker.
+    #[arg(long, env = "BENCH_PARTITIONS_POOL_SIZE", default_value_t = 16)]
+    partitions_pool_size: usize,
+    /// The many-partitions phase: TOML appended to the consumer's section (e.g.
+    /// `batch = { linger = "20ms" }`), to measure a setting against the defaults.
+    #[arg(long, env = "BENCH_PARTITIONS_CONSUMER", default_value = "")]
+    partitions_consumer: String,
 }
 
 /// The phases of `loadgen bench`, in the order they run.
@@ -59,6 +70,7 @@ pub enum Phase {
     Latency,
     Prefilter,
     Retention,
+    Partitions,
 }
 
 struct Sizes {
@@ -72,6 +84,8 @@ struct Sizes {
     /// Payments of the inbox run with 1 processor: a tenth of that.
     inbox_1: u64,
     latency: Duration,
+    /// Each run of the many-partitions phase.
+    partitions: Duration,
 }
 
 /// The inbox runs' size limit: the processors apply a few thousand rows a second (2026-12-04,
@@ -97,6 +111,7 @@ impl Sizes {
             inbox: batch.min(INBOX_MAX),
             inbox_1: (batch.min(INBOX_MAX) / 10).max(1_000),
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
+            partitions: Duration::from_secs_f64((60.0 * f).max(20.0)),
         })
     }
 }
@@ -153,6 +168,11 @@ struct BenchReport {
     prefilter_coverage: f64,
     /// The replays in detail (`crate::replay`).
     prefilter_replay: crate::replay::ReplayReport,
+    /// 2,000 msg/s over 6, 60 and 300 partitions, with one and with two workers.
+    partitions_scale: PartitionsScale,
+    /// Why the many-partitions phase could not measure, if it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partitions_error: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -285,6 +305,37 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             sizes.retention_keys
         );
         report.retention = retention(&bin, &args, sizes.retention_keys).await?;
+    }
+
+    if wants(Phase::Partitions) {
+        eprintln!(
+            "== many partitions: 2,000 msg/s over 6, 60 and 300 partitions, 1 and 2 workers, \
+             {:?} each, pool size {}",
+            sizes.partitions, args.partitions_pool_size
+        );
+        let scale = partitions_scale(
+            &bin,
+            &args,
+            sizes.partitions,
+            args.partitions_pool_size,
+            &args.partitions_consumer,
+        );
+        match scale.await {
+            Ok(scale) => {
+                eprintln!(
+                    "   target at 300 partitions ({}): {}",
+                    scale.target,
+                    if scale.target_met_at_300 { "met" } else { "NOT met" }
+                );
+                report.verified &= scale.verified;
+                report.partitions_scale = scale;
+            }
+            Err(e) => {
+                eprintln!("   the many-partitions phase failed: {e:#}");
+                report.partitions_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
     }
 
     let path = args.out.join("report.json");

@@ -15,6 +15,21 @@ pub(super) struct Worker {
     pub(super) child: tokio::process::Child,
 }
 
+/// How [`Worker::launch`] starts a worker beyond its consumer and strategy.
+pub(super) struct Launch<'a> {
+    /// `worker.id`: two workers of one consumer need two.
+    pub(super) id: &'a str,
+    /// Appended to the consumer's section.
+    pub(super) extra: &'a str,
+    /// The config and log files are named after this.
+    pub(super) file: &'a str,
+    /// `EFFECTIVELY_POOL_SIZE`, if given (else the engine's default).
+    pub(super) pool_size: Option<usize>,
+    /// `--metrics-addr`, if given (else the engine's default, 127.0.0.1:9464, which two
+    /// workers cannot share).
+    pub(super) metrics_addr: Option<String>,
+}
+
 impl Worker {
     pub(super) async fn start(
         bin: &Path,
@@ -35,18 +50,42 @@ impl Worker {
         extra: &str,
         file: &str,
     ) -> anyhow::Result<Worker> {
+        let launch = Launch {
+            id: "bench",
+            extra,
+            file,
+            pool_size: None,
+            metrics_addr: None,
+        };
+        Worker::launch(bin, args, name, strategy, &launch).await
+    }
+
+    pub(super) async fn launch(
+        bin: &Path,
+        args: &BenchArgs,
+        name: &str,
+        strategy: &str,
+        l: &Launch<'_>,
+    ) -> anyhow::Result<Worker> {
+        let (id, extra, file) = (l.id, l.extra, l.file);
         let config = args.out.join(format!("{file}.toml"));
         std::fs::write(
             &config,
             format!(
-                "[worker]\nid = \"bench\"\n[[consumer]]\nname = \"{name}\"\ntopics = [\"{name}\"]\n\
+                "[worker]\nid = \"{id}\"\n[[consumer]]\nname = \"{name}\"\ntopics = [\"{name}\"]\n\
                  strategy = \"{strategy}\"\nhandler = {{ kind = \"cashback\" }}\n{extra}"
             ),
         )?;
         let log = std::fs::File::create(args.out.join(format!("{file}.log")))?;
-        let child = tokio::process::Command::new(bin)
-            .args(["run", "--config"])
-            .arg(&config)
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.args(["run", "--config"]).arg(&config);
+        if let Some(addr) = &l.metrics_addr {
+            cmd.args(["--metrics-addr", addr]);
+        }
+        if let Some(n) = l.pool_size {
+            cmd.env("EFFECTIVELY_POOL_SIZE", n.to_string());
+        }
+        let child = cmd
             .env("KAFKA_BROKERS", &args.services.brokers)
             .env("DATABASE_URL", &args.services.database_url)
             .stdout(Stdio::null())
@@ -105,9 +144,13 @@ impl Worker {
     }
 }
 
+/// The partitions of every phase's topic but the many-partitions one.
+pub(super) const PARTITIONS: i32 = 6;
+
 pub(super) fn spec(
     args: &BenchArgs,
     name: &str,
+    partitions: i32,
     plan: Vec<Step>,
     limit: Option<u64>,
     mix: Mix,
@@ -116,7 +159,7 @@ pub(super) fn spec(
         brokers: args.services.brokers.clone(),
         database_url: args.services.database_url.clone(),
         topic: name.to_string(),
-        partitions: 6,
+        partitions,
         consumer: name.to_string(),
         plan,
         limit,
