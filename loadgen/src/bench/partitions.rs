@@ -34,6 +34,15 @@ use crate::{finish_stage, produce_stage, Session};
 const RATE: f64 = 2000.0;
 /// (partitions, workers), in the order they run.
 const SHAPES: [(i32, usize); 6] = [(6, 1), (6, 2), (60, 1), (60, 2), (300, 1), (300, 2)];
+#[derive(Debug, Default, Serialize)]
+pub(super) struct Phases {
+    fence: f64,
+    stage: f64,
+    dedupe: f64,
+    effect: f64,
+    commit: f64,
+}
+
 /// "Commits/s well below records/s": at least this many records per transaction.
 const RECORDS_PER_COMMIT_TARGET: f64 = 5.0;
 /// Linux's clock ticks a second (`getconf CLK_TCK`), the unit of `/proc/<pid>/stat`'s times.
@@ -43,6 +52,8 @@ const TICKS: f64 = 100.0;
 pub(super) struct PartitionsRun {
     partitions: i32,
     workers: usize,
+    /// Records the broker acknowledged per second of producing: [`RATE`] payments a second
+    /// and their 10% resends.
     offered_msg_s: f64,
     /// Records the engine committed over the run, per second of the run.
     achieved_msg_s: f64,
@@ -57,8 +68,16 @@ pub(super) struct PartitionsRun {
     /// The workers' batch transactions committed, per second.
     commits_s: f64,
     records_per_commit: f64,
+    /// Mean wall time of a batch in the worker (`effectively_batch_duration_seconds`): from
+    /// asking the pool for a connection to `COMMIT`'s answer.
+    batch_ms_mean: f64,
+    /// Mean time per batch transaction in each phase (`effectively_batch_phase_seconds`):
+    /// `fence` includes waiting for a pool connection, `commit` the WAL flush.
+    phase_ms_per_commit: Phases,
     /// The database's `xact_commit` per second: every session's, not only the workers'.
     db_xact_commit_s: f64,
+    /// `pg_stat_wal.wal_sync` per second: WAL flushes to disk, the whole cluster's.
+    wal_syncs_s: f64,
     /// CPU of the PostgreSQL backends serving the workers' connections, per record.
     pg_cpu_us_per_msg: f64,
     /// CPU of every `postgres` process on the machine (WAL writer, checkpointer, autovacuum,
@@ -66,8 +85,15 @@ pub(super) struct PartitionsRun {
     pg_cluster_cpu_us_per_msg: f64,
     /// The workers' own CPU (`utime + stime`), per record.
     worker_cpu_us_per_msg: f64,
+    /// The workers' CPU while they hold every partition and no record arrives (3 s before
+    /// the run), in % of one core: what the partitions cost by being there (librdkafka's
+    /// fetches, the tasks).
+    idle_worker_cpu_pct: f64,
     /// The machine's busy share of its CPUs over the run (`/proc/stat`), everything included.
     machine_busy_pct: f64,
+    /// The share of that not spent by PostgreSQL, Kafka, the workers or loadgen: other users
+    /// of the machine, whose load moves the latencies (never the CPU per record much).
+    others_busy_pct: f64,
     verified: bool,
 }
 
@@ -113,7 +139,8 @@ pub(super) async fn partitions_scale(
         let run = one(bin, args, partitions, workers, each, pool_size, extra).await?;
         eprintln!(
             "     p50 {:.1} ms, p99 {:.1} ms; {:.0} msg/s, {:.0} commits/s ({:.1} records each); \
-             PostgreSQL {:.0} us/msg (cluster {:.0}), worker {:.0} us/msg; machine {:.0}% busy; \
+             PostgreSQL {:.0} us/msg (cluster {:.0}), worker {:.0} us/msg (idle {:.0}% of a \
+             core); batch {:.1} ms; {:.0} WAL syncs/s; machine {:.0}% busy, others {:.0}%; \
              verified: {}",
             run.p50,
             run.p99,
@@ -123,13 +150,17 @@ pub(super) async fn partitions_scale(
             run.pg_cpu_us_per_msg,
             run.pg_cluster_cpu_us_per_msg,
             run.worker_cpu_us_per_msg,
+            run.idle_worker_cpu_pct,
+            run.batch_ms_mean,
+            run.wal_syncs_s,
             run.machine_busy_pct,
+            run.others_busy_pct,
             run.verified
         );
         out.verified &= run.verified;
         if partitions == 300 {
             out.target_met_at_300 &= run.p99 <= P99_TARGET_MS
-                && run.achieved_msg_s >= 0.95 * RATE
+                && run.achieved_msg_s >= 0.95 * run.offered_msg_s
                 && run.records_per_commit >= RECORDS_PER_COMMIT_TARGET;
         }
         out.runs.push(run);
@@ -175,7 +206,7 @@ async fn one(
         };
         procs.push((Worker::launch(bin, args, &name, "batch", &launch).await?, port));
     }
-    settle(&mut procs, partitions, &name).await?;
+    let idle_cpu_s = settle(&mut procs, partitions, &name).await?;
 
     let before = Mark::take(&procs, &db).await?;
     let started = Instant::now();
@@ -195,11 +226,22 @@ async fn one(
     let records = (after.records - before.records).max(0.0);
     let commits = after.commits - before.commits;
     let per_msg = |s: f64| round1(s * 1e6 / records.max(1.0));
-    let pg = after.backends.iter().map(|(pid, t)| t - before.backends.get(pid).unwrap_or(&0.0));
+    let per_commit = |s: f64| (s * 1e3 / commits.max(1.0) * 100.0).round() / 100.0;
+    let phase = |i: usize| per_commit(after.phases[i] - before.phases[i]);
+    let (pg, cluster) = (
+        spent(&before.backends, &after.backends),
+        spent(&before.cluster, &after.cluster),
+    );
+    let worker_cpu_s = after.worker_cpu_s - before.worker_cpu_s;
+    let ours = cluster
+        + worker_cpu_s
+        + (after.kafka_cpu_s - before.kafka_cpu_s)
+        + (after.loadgen_cpu_s - before.loadgen_cpu_s);
+    let total_s = (after.machine.1 - before.machine.1) as f64 / TICKS;
     Ok(PartitionsRun {
         partitions,
         workers,
-        offered_msg_s: RATE,
+        offered_msg_s: round1(r.acked as f64 / r.duration_s.max(1e-9)),
         achieved_msg_s: round1(records / seconds),
         records: records as u64,
         seconds: round1(seconds),
@@ -210,18 +252,32 @@ async fn one(
         clock_step_s: r.clock_step_s,
         commits_s: round1(commits / seconds),
         records_per_commit: round1(records / commits.max(1.0)),
+        batch_ms_mean: per_commit(after.batch_s - before.batch_s),
+        phase_ms_per_commit: Phases {
+            fence: phase(0),
+            stage: phase(1),
+            dedupe: phase(2),
+            effect: phase(3),
+            commit: phase(4),
+        },
         db_xact_commit_s: round1((after.xact_commit - before.xact_commit) as f64 / seconds),
-        pg_cpu_us_per_msg: per_msg(pg.sum()),
-        pg_cluster_cpu_us_per_msg: per_msg(after.cluster_cpu_s - before.cluster_cpu_s),
-        worker_cpu_us_per_msg: per_msg(after.worker_cpu_s - before.worker_cpu_s),
+        wal_syncs_s: round1((after.wal_sync - before.wal_sync) as f64 / seconds),
+        pg_cpu_us_per_msg: per_msg(pg),
+        pg_cluster_cpu_us_per_msg: per_msg(cluster),
+        worker_cpu_us_per_msg: per_msg(worker_cpu_s),
+        idle_worker_cpu_pct: round1(idle_cpu_s * 100.0),
         machine_busy_pct: busy_pct(before.machine, after.machine),
+        others_busy_pct: round1(
+            (busy_pct(before.machine, after.machine) - ours * 100.0 / total_s.max(1e-9)).max(0.0),
+        ),
         verified: r.verified && drain.problem().is_none(),
     })
 }
 
 /// Waits until every worker holds some of the topic's partitions and together all of them,
 /// then a little more: the run measures the steady state, not the group's joins and claims.
-async fn settle(procs: &mut [(Worker, u16)], partitions: i32, name: &str) -> anyhow::Result<()> {
+/// Returns the workers' CPU seconds a second over that little more, with no record arriving.
+async fn settle(procs: &mut [(Worker, u16)], partitions: i32, name: &str) -> anyhow::Result<f64> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         for (i, (w, _)) in procs.iter_mut().enumerate() {
@@ -235,8 +291,10 @@ async fn settle(procs: &mut [(Worker, u16)], partitions: i32, name: &str) -> any
             held.push(metric(&text, "effectively_assigned_partitions"));
         }
         if held.iter().all(|&n| n > 0.0) && held.iter().sum::<f64>() == f64::from(partitions) {
+            let cpu = || procs.iter().map(|(w, _)| w.usage().1).sum::<f64>();
+            let before = cpu();
             tokio::time::sleep(Duration::from_secs(3)).await;
-            return Ok(());
+            return Ok((cpu() - before) / 3.0);
         }
         anyhow::ensure!(
             Instant::now() < deadline,
@@ -251,12 +309,31 @@ async fn settle(procs: &mut [(Worker, u16)], partitions: i32, name: &str) -> any
 struct Mark {
     commits: f64,
     records: f64,
+    batch_s: f64,
+    /// Seconds in each phase, in [`PHASES`] order.
+    phases: [f64; 5],
     worker_cpu_s: f64,
     /// CPU seconds of each backend serving a worker's connection, by pid.
     backends: HashMap<u32, f64>,
-    cluster_cpu_s: f64,
+    /// CPU seconds of every `postgres` process, by pid.
+    cluster: HashMap<u32, f64>,
+    /// CPU seconds of the broker and of this process.
+    kafka_cpu_s: f64,
+    loadgen_cpu_s: f64,
     xact_commit: i64,
+    wal_sync: i64,
     machine: (u64, u64),
+}
+
+const PHASES: [&str; 5] = ["fence", "stage", "dedupe", "effect", "commit"];
+
+/// The CPU a set of processes spent between two marks; a process gone by the second mark
+/// is left out, one that started after the first counts whole.
+fn spent(before: &HashMap<u32, f64>, after: &HashMap<u32, f64>) -> f64 {
+    (after.iter())
+        .map(|(pid, t)| t - before.get(pid).unwrap_or(&0.0))
+        .filter(|d| *d >= 0.0)
+        .sum()
 }
 
 impl Mark {
@@ -264,10 +341,17 @@ impl Mark {
         let mut m = Mark {
             commits: 0.0,
             records: 0.0,
+            batch_s: 0.0,
+            phases: [0.0; 5],
             worker_cpu_s: 0.0,
             backends: HashMap::new(),
-            cluster_cpu_s: 0.0,
+            cluster: processes(|comm, _| comm == "postgres"),
+            kafka_cpu_s: (processes(|comm, cmd| comm == "java" && cmd.contains("kafka.Kafka")))
+                .values()
+                .sum(),
+            loadgen_cpu_s: cpu_s(std::process::id()).unwrap_or(0.0),
             xact_commit: 0,
+            wal_sync: 0,
             machine: machine_ticks(),
         };
         let mut ports = Vec::new();
@@ -275,6 +359,12 @@ impl Mark {
             let text = scrape(*port).await?;
             m.commits += metric(&text, "effectively_batch_size_records_count");
             m.records += metric(&text, "effectively_batch_size_records_sum");
+            m.batch_s += metric(&text, "effectively_batch_duration_seconds_sum");
+            for (i, phase) in PHASES.iter().enumerate() {
+                let label = format!("phase=\"{phase}\"");
+                m.phases[i] +=
+                    metric_where(&text, "effectively_batch_phase_seconds_sum", &label);
+            }
             m.worker_cpu_s += w.usage().1;
             if let Some(pid) = w.child.id() {
                 ports.extend(client_ports(pid));
@@ -291,15 +381,16 @@ impl Mark {
             let pid = r.get::<_, i32>(0) as u32;
             m.backends.insert(pid, cpu_s(pid).unwrap_or(0.0));
         }
-        m.cluster_cpu_s = postgres_cpu_s();
-        m.xact_commit = db
+        let r = db
             .client
             .query_one(
-                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+                "SELECT (SELECT xact_commit FROM pg_stat_database
+                         WHERE datname = current_database()),
+                        (SELECT wal_sync FROM pg_stat_wal)",
                 &[],
             )
-            .await?
-            .get(0);
+            .await?;
+        (m.xact_commit, m.wal_sync) = (r.get(0), r.get(1));
         Ok(m)
     }
 }
@@ -316,8 +407,13 @@ async fn scrape(port: u16) -> anyhow::Result<String> {
 
 /// The sum of a metric's series (whatever their labels) in Prometheus' text format.
 fn metric(text: &str, name: &str) -> f64 {
+    metric_where(text, name, "")
+}
+
+/// The sum of a metric's series whose line holds `label` (e.g. `phase="commit"`).
+fn metric_where(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
-        .filter(|l| !l.starts_with('#'))
+        .filter(|l| !l.starts_with('#') && l.contains(label))
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
             (series.split('{').next()? == name).then(|| value.parse::<f64>().ok())?
@@ -340,17 +436,19 @@ fn cpu_s(pid: u32) -> Option<f64> {
     Some((t(11)? + t(12)?) / TICKS)
 }
 
-/// CPU seconds of every process named `postgres` (the server and its backends).
-fn postgres_cpu_s() -> f64 {
+/// CPU seconds of each process whose name and command line pass `pick`, by pid.
+fn processes(pick: impl Fn(&str, &str) -> bool) -> HashMap<u32, f64> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return 0.0;
+        return HashMap::new();
     };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "postgres")
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            pick(comm.trim(), &String::from_utf8_lossy(&cmd))
         })
-        .filter_map(cpu_s)
-        .sum()
+        .filter_map(|pid| Some((pid, cpu_s(pid)?)))
+        .collect()
 }
 
 /// Local ports of a process's TCP sockets: its end of each PostgreSQL connection is one.
