@@ -325,7 +325,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
                 eprintln!(
                     "   target at 300 partitions ({}): {}",
                     scale.target,
-                    if scale.target_met_at_300 { "met" } else { "NOT met" }
+                    if scale.target_met_at_300 {
+                        "met"
+                    } else {
+                        "NOT met"
+                    }
                 );
                 report.verified &= scale.verified;
                 report.partitions_scale = scale;

@@ -204,7 +204,10 @@ async fn one(
             pool_size: Some(pool_size),
             metrics_addr: Some(format!("127.0.0.1:{port}")),
         };
-        procs.push((Worker::launch(bin, args, &name, "batch", &launch).await?, port));
+        procs.push((
+            Worker::launch(bin, args, &name, "batch", &launch).await?,
+            port,
+        ));
     }
     let idle_cpu_s = settle(&mut procs, partitions, &name).await?;
 
@@ -362,8 +365,7 @@ impl Mark {
             m.batch_s += metric(&text, "effectively_batch_duration_seconds_sum");
             for (i, phase) in PHASES.iter().enumerate() {
                 let label = format!("phase=\"{phase}\"");
-                m.phases[i] +=
-                    metric_where(&text, "effectively_batch_phase_seconds_sum", &label);
+                m.phases[i] += metric_where(&text, "effectively_batch_phase_seconds_sum", &label);
             }
             m.worker_cpu_s += w.usage().1;
             if let Some(pid) = w.child.id() {
@@ -472,7 +474,10 @@ fn client_ports(pid: u32) -> Vec<i32> {
                 continue;
             };
             if inodes.iter().any(|i| i == inode) {
-                if let Some(port) = local.rsplit_once(':').and_then(|(_, p)| i32::from_str_radix(p, 16).ok()) {
+                if let Some(port) = local
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| i32::from_str_radix(p, 16).ok())
+                {
                     ports.push(port);
                 }
             }
