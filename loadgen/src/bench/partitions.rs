@@ -225,6 +225,10 @@ async fn one(
     for (w, _) in procs {
         w.stop().await?;
     }
+    // A shared broker should not keep every run's 300 partitions.
+    if let Err(e) = delete_topic(&args.services.brokers, &name).await {
+        eprintln!("     deleting topic {name}: {e:#}");
+    }
 
     let records = (after.records - before.records).max(0.0);
     let commits = after.commits - before.commits;
@@ -421,6 +425,17 @@ fn metric_where(text: &str, name: &str, label: &str) -> f64 {
             (series.split('{').next()? == name).then(|| value.parse::<f64>().ok())?
         })
         .sum()
+}
+
+async fn delete_topic(brokers: &str, topic: &str) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    for r in admin.delete_topics(&[topic], &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("{t}: {e}"))?;
+    }
+    Ok(())
 }
 
 fn free_port() -> anyhow::Result<u16> {
