@@ -3,7 +3,8 @@
 //! `staged_messages` holds the batch's first copy of each message: what the dedupe insert reads,
 //! and, through the `fresh_messages` view, what a set-based effect reads. It is created once per
 //! connection (the pool's post-create hook) and emptied by PostgreSQL at every commit
-//! (`ON COMMIT DELETE ROWS` truncates in place: no catalog churn, no dead rows).
+//! (`ON COMMIT DELETE ROWS` truncates in place: no catalog churn, no dead rows, but a cost per
+//! commit: see [`ENSURE_STAGED_INBOX`]).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use deadpool_postgres::Transaction;
@@ -15,7 +16,6 @@ use crate::envelope::Envelope;
 use crate::version::Versions;
 
 /// Run once per connection. `fresh` is set by the dedupe insert for the rows it inserted.
-/// `staged_inbox` is the inbox receiver's staging table (see [`crate::store::inbox`]).
 pub const CREATE_SESSION_TABLES: &str = "\
 CREATE TEMP TABLE IF NOT EXISTS staged_messages (
     seq        int         NOT NULL,
@@ -31,7 +31,22 @@ CREATE TEMP TABLE IF NOT EXISTS staged_messages (
     version    bigint,
     stored_version bigint
 ) ON COMMIT DELETE ROWS;
-CREATE TEMP TABLE IF NOT EXISTS staged_inbox (
+CREATE OR REPLACE TEMP VIEW fresh_messages AS
+    SELECT seq, message_id, event_date, partition, \"offset\", kafka_ts, key, payload,
+           aggregate, version, stored_version
+    FROM staged_messages WHERE fresh;";
+
+/// The inbox receiver's staging table (see [`crate::store::inbox`]), created by the first
+/// transaction of a session that stages into it, not by every connection: PostgreSQL truncates
+/// *every* `ON COMMIT DELETE ROWS` table of a session at the commit of any transaction that
+/// touched a temporary table, and a truncation costs even when the table is empty (the table's,
+/// its TOAST table's and its TOAST index's files, rebuilt). With both tables in every session,
+/// that was 15% of the machine's CPU in a load of one-record transactions, and `staged_inbox`
+/// half of it, in sessions that never use it (docs/PERFORMANCE.md, "Many partitions").
+/// A `DO` block rather than `IF NOT EXISTS`, which would send a notice every time.
+pub const ENSURE_STAGED_INBOX: &str = "\
+DO $$ BEGIN IF to_regclass('pg_temp.staged_inbox') IS NULL THEN
+CREATE TEMP TABLE staged_inbox (
     message_id    uuid        NOT NULL,
     event_date    date        NOT NULL,
     ordering_key  text        NOT NULL,
@@ -43,10 +58,7 @@ CREATE TEMP TABLE IF NOT EXISTS staged_inbox (
     header_values bytea[]     NOT NULL,
     payload       bytea       NOT NULL
 ) ON COMMIT DELETE ROWS;
-CREATE OR REPLACE TEMP VIEW fresh_messages AS
-    SELECT seq, message_id, event_date, partition, \"offset\", kafka_ts, key, payload,
-           aggregate, version, stored_version
-    FROM staged_messages WHERE fresh;";
+END IF; END $$";
 
 const COPY_IN: &str = "COPY staged_messages (seq, message_id, event_date, partition, \"offset\", \
     kafka_ts, key, payload, fresh, aggregate, version, stored_version) FROM STDIN BINARY";

@@ -126,8 +126,10 @@ pub async fn receive(
     Ok(tx.execute(&stmt, &[&consumer, &topic]).await?)
 }
 
-/// Copies `rows` into the session's `staged_inbox`.
+/// Copies `rows` into the session's `staged_inbox`, creating it first in a session that has
+/// none (see [`copy::ENSURE_STAGED_INBOX`]).
 pub async fn stage(tx: &Transaction<'_>, rows: &[&Incoming<'_>]) -> Result<(), StoreError> {
+    tx.batch_execute(copy::ENSURE_STAGED_INBOX).await?;
     copy::send(tx, COPY_IN, encode(rows)).await
 }
 

@@ -30,7 +30,7 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
 
-use super::worker::{proc_usage, resends_only, spec};
+use super::worker::{proc_usage, resends_only, spec, PARTITIONS};
 use super::BenchArgs;
 use crate::produce::Step;
 use crate::{produce_stage, Session};
@@ -39,7 +39,6 @@ const SINK: &str = "io.debezium:debezium-connector-jdbc:3.3.1.Final";
 const RUNTIME: &str = "org.apache.kafka:connect-runtime:4.1.1 (standalone)";
 /// The database of Connect's tables, next to the engine's (created if missing).
 const DATABASE: &str = "connect_bench";
-const PARTITIONS: i32 = 6;
 /// JsonConverter's schema for the payment's fields as loadgen writes them. The two logical
 /// names are Debezium's, so its PostgreSQL dialect binds a `uuid` and a `timestamptz` as a
 /// hand-made table would hold them (and as the engine parses them).
@@ -150,7 +149,7 @@ pub(super) async fn connect(args: &BenchArgs, events: u64) -> anyhow::Result<Con
         rate: None,
         duration: Duration::from_secs(3600),
     }];
-    let spec = spec(args, &name, plan, Some(events), resends_only());
+    let spec = spec(args, &name, PARTITIONS, plan, Some(events), resends_only());
     let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
     produced.stop_sampling();

@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::db::{Db, DbCost};
-use super::worker::{engine_json, resends_only, spec, Worker};
+use super::worker::{engine_json, resends_only, spec, Worker, PARTITIONS};
 use super::BenchArgs;
 use crate::produce::Step;
 use crate::{finish_stage, produce_stage, Session};
@@ -110,7 +110,7 @@ pub(super) async fn drain(
         rate: None,
         duration: Duration::from_secs(3600),
     }];
-    let spec = spec(args, &name, plan, Some(events), resends_only());
+    let spec = spec(args, &name, PARTITIONS, plan, Some(events), resends_only());
     let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
     let records = produced.acked();

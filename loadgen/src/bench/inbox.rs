@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::db::{Db, DbCost};
-use super::worker::{resends_only, spec, Worker};
+use super::worker::{resends_only, spec, Worker, PARTITIONS};
 use super::{round1, BenchArgs};
 use crate::produce::Step;
 use crate::{finish_stage, produce_stage, Session, Spec};
@@ -102,7 +102,7 @@ pub(super) async fn curve(bin: &Path, args: &BenchArgs, events: u64) -> anyhow::
         rate: None,
         duration: Duration::from_secs(3600),
     }];
-    let spec = spec(args, &topic, plan, Some(events), resends_only());
+    let spec = spec(args, &topic, PARTITIONS, plan, Some(events), resends_only());
     let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
     let records = produced.acked();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::worker::{resends_only, spec, Worker};
+use super::worker::{resends_only, spec, Worker, PARTITIONS};
 use super::BenchArgs;
 use crate::produce::{Mix, Step};
 use crate::{finish_stage, produce_stage, Session};
@@ -42,6 +42,7 @@ pub(super) async fn latency(
     let mut s = spec(
         args,
         &name,
+        PARTITIONS,
         Vec::new(),
         None,
         Mix {

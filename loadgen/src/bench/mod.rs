@@ -15,7 +15,9 @@
 //! 8. River, the Go job queue on PostgreSQL, working no-op jobs against our inbox processors
 //!    applying as many stored rows with a no-op effect (`river.rs`);
 //! 9. the pre-filter's replays (`crate::replay`), 1 to 3 workers draining one topic, and
-//!    retention (dropping a day against deleting it).
+//!    retention (dropping a day against deleting it);
+//! 10. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers
+//!     (`partitions_scale`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
@@ -25,6 +27,7 @@ mod db;
 mod drain;
 mod inbox;
 mod latency;
+mod partitions;
 mod river;
 mod worker;
 
@@ -39,6 +42,7 @@ pub(crate) use db::pg_cpu_seconds;
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
 use inbox::InboxRuns;
 use latency::{latency, LatencyAt, P99_TARGET_MS};
+use partitions::{partitions_scale, PartitionsScale};
 use river::RiverRuns;
 
 #[derive(Debug, clap::Args)]
@@ -62,6 +66,13 @@ pub struct BenchArgs {
     /// The Kafka Connect and JDBC sink jars (`scripts/connect.sh fetch` puts them there).
     #[arg(long, env = "CONNECT_LIB", default_value = "target/peers/connect/lib")]
     connect_lib: PathBuf,
+    /// The many-partitions phase: `database.pool_size` of each worker.
+    #[arg(long, env = "BENCH_PARTITIONS_POOL_SIZE", default_value_t = 16)]
+    partitions_pool_size: usize,
+    /// The many-partitions phase: TOML appended to the consumer's section (e.g.
+    /// `batch = { linger = "20ms" }`), to measure a setting against the defaults.
+    #[arg(long, env = "BENCH_PARTITIONS_CONSUMER", default_value = "")]
+    partitions_consumer: String,
 }
 
 /// The phases of `loadgen bench`, in the order they run.
@@ -78,6 +89,7 @@ pub enum Phase {
     Retention,
     /// 1, 2 and 3 workers draining one topic (docs/SCALING.md).
     Workers,
+    Partitions,
 }
 
 struct Sizes {
@@ -93,6 +105,8 @@ struct Sizes {
     latency: Duration,
     /// Jobs of each River run, and rows of each of our no-op inbox runs.
     river: u64,
+    /// Each run of the many-partitions phase.
+    partitions: Duration,
 }
 
 /// The inbox curve's size limit: each of its six runs stores the topic and applies every row,
@@ -119,6 +133,7 @@ impl Sizes {
             inbox: (batch / 10).clamp(10_000, INBOX_MAX),
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
             river: ((200_000.0 * f) as u64).max(2_000),
+            partitions: Duration::from_secs_f64((60.0 * f).max(20.0)),
         })
     }
 }
@@ -204,6 +219,11 @@ struct BenchReport {
     /// The batch strategy draining one topic of 6 partitions with 1, 2 and 3 workers: msg/s,
     /// the workers' and PostgreSQL's CPU per message, and PostgreSQL's share.
     scale_out: Vec<Drain>,
+    /// 2,000 msg/s over 6, 60 and 300 partitions, with one and with two workers.
+    partitions_scale: PartitionsScale,
+    /// Why the many-partitions phase could not measure, if it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partitions_error: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -389,6 +409,41 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             sizes.retention_keys
         );
         report.retention = retention(&bin, &args, sizes.retention_keys).await?;
+    }
+
+    if wants(Phase::Partitions) {
+        eprintln!(
+            "== many partitions: 2,000 msg/s over 6, 60 and 300 partitions, 1 and 2 workers, \
+             {:?} each, pool size {}",
+            sizes.partitions, args.partitions_pool_size
+        );
+        let scale = partitions_scale(
+            &bin,
+            &args,
+            sizes.partitions,
+            args.partitions_pool_size,
+            &args.partitions_consumer,
+        );
+        match scale.await {
+            Ok(scale) => {
+                eprintln!(
+                    "   target at 300 partitions ({}): {}",
+                    scale.target,
+                    if scale.target_met_at_300 {
+                        "met"
+                    } else {
+                        "NOT met"
+                    }
+                );
+                report.verified &= scale.verified;
+                report.partitions_scale = scale;
+            }
+            Err(e) => {
+                eprintln!("   the many-partitions phase failed: {e:#}");
+                report.partitions_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
     }
 
     let path = args.out.join("report.json");

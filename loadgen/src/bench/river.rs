@@ -24,7 +24,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::db::Db;
-use super::worker::{spec, Worker};
+use super::worker::{spec, Worker, PARTITIONS};
 use super::{ratio, round1, BenchArgs};
 use crate::produce::{Mix, Step};
 use crate::{produce_stage, Session};
@@ -198,7 +198,7 @@ async fn noop_inbox(
         double_tap: 0.0,
         poison: 0.0,
     };
-    let spec = spec(args, &name, plan, Some(rows), mix);
+    let spec = spec(args, &name, PARTITIONS, plan, Some(rows), mix);
     let session = Session::open(&spec).await?;
     let records = produce_stage(&session, &spec).await?.acked();
     let db = Db::connect(args).await?;

@@ -15,6 +15,21 @@ pub(super) struct Worker {
     pub(super) child: tokio::process::Child,
 }
 
+/// How [`Worker::launch`] starts a worker beyond its consumer and strategy.
+pub(super) struct Launch<'a> {
+    /// `worker.id`: two workers of one consumer need two.
+    pub(super) id: &'a str,
+    /// Appended to the consumer's section.
+    pub(super) extra: &'a str,
+    /// The config and log files are named after this.
+    pub(super) file: &'a str,
+    /// `EFFECTIVELY_POOL_SIZE`, if given (else the engine's default).
+    pub(super) pool_size: Option<usize>,
+    /// `--metrics-addr`, if given (else the engine's default, 127.0.0.1:9464, which two
+    /// workers cannot share).
+    pub(super) metrics_addr: Option<String>,
+}
+
 impl Worker {
     pub(super) async fn start(
         bin: &Path,
@@ -64,12 +79,53 @@ impl Worker {
         toml: &str,
         file: &str,
     ) -> anyhow::Result<Worker> {
+        let launch = Launch {
+            id: "",
+            extra: "",
+            file,
+            pool_size: None,
+            metrics_addr: None,
+        };
+        Worker::spawn(bin, args, toml, &launch).await
+    }
+
+    /// Consumer `name` on topic `name`, as `l` says.
+    pub(super) async fn launch(
+        bin: &Path,
+        args: &BenchArgs,
+        name: &str,
+        strategy: &str,
+        l: &Launch<'_>,
+    ) -> anyhow::Result<Worker> {
+        let (id, extra) = (l.id, l.extra);
+        let toml = format!(
+            "[worker]\nid = \"{id}\"\n[[consumer]]\nname = \"{name}\"\ntopics = [\"{name}\"]\n\
+             strategy = \"{strategy}\"\nhandler = {{ kind = \"cashback\" }}\n{extra}"
+        );
+        Worker::spawn(bin, args, &toml, l).await
+    }
+
+    /// The config `toml` written to `{l.file}.toml`, the worker started on it (its `id` and
+    /// `extra` are in `toml` already), its log in `{l.file}.log`.
+    async fn spawn(
+        bin: &Path,
+        args: &BenchArgs,
+        toml: &str,
+        l: &Launch<'_>,
+    ) -> anyhow::Result<Worker> {
+        let file = l.file;
         let config = args.out.join(format!("{file}.toml"));
         std::fs::write(&config, toml)?;
         let log = std::fs::File::create(args.out.join(format!("{file}.log")))?;
-        let child = tokio::process::Command::new(bin)
-            .args(["run", "--config"])
-            .arg(&config)
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.args(["run", "--config"]).arg(&config);
+        if let Some(addr) = &l.metrics_addr {
+            cmd.args(["--metrics-addr", addr]);
+        }
+        if let Some(n) = l.pool_size {
+            cmd.env("EFFECTIVELY_POOL_SIZE", n.to_string());
+        }
+        let child = cmd
             .env("KAFKA_BROKERS", &args.services.brokers)
             .env("DATABASE_URL", &args.services.database_url)
             .stdout(Stdio::null())
@@ -130,9 +186,13 @@ pub(super) fn proc_usage(pid: u32) -> (f64, f64) {
     (hwm_kb / 1024.0, (ticks(11) + ticks(12)) / 100.0)
 }
 
+/// The partitions of every phase's topic but the many-partitions one.
+pub(super) const PARTITIONS: i32 = 6;
+
 pub(super) fn spec(
     args: &BenchArgs,
     name: &str,
+    partitions: i32,
     plan: Vec<Step>,
     limit: Option<u64>,
     mix: Mix,
@@ -141,7 +201,7 @@ pub(super) fn spec(
         brokers: args.services.brokers.clone(),
         database_url: args.services.database_url.clone(),
         topic: name.to_string(),
-        partitions: 6,
+        partitions,
         consumer: name.to_string(),
         plan,
         limit,

@@ -1,0 +1,550 @@
+//! Many partitions (issue 26, part 3): the same 2,000 msg/s offered to topics of 6, 60 and
+//! 300 partitions, with one and with two workers.
+//!
+//! The engine commits one PostgreSQL transaction per partition's batch, and a batch is cut as
+//! soon as its partition has nothing more waiting. At 300 partitions each one gets about 7
+//! records a second, so most batches hold one record: this phase measures what that costs
+//! (end-to-end latency, transactions a second, PostgreSQL's and the worker's CPU per record)
+//! beside the same rate on 6 and 60 partitions.
+//!
+//! Counted per run, from just before the first record is produced until the consumer's stored
+//! offsets reach the topic's end (the workers are up and hold every partition before that):
+//! - commits: the workers' batch transactions (`effectively_batch_size_records` count, scraped
+//!   from each worker's `/metrics`), and the records in them (its sum);
+//! - PostgreSQL's CPU: `utime + stime` from `/proc` of the backends serving the workers' own
+//!   connections (matched by client port in `pg_stat_activity`), and of every `postgres`
+//!   process of the machine (the cluster is shared, so that one is an upper bound);
+//! - `xact_commit` of the database, every session's (loadgen's and other users' too).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::db::Db;
+use super::latency::P99_TARGET_MS;
+use super::worker::{resends_only, spec, Launch, Worker};
+use super::{round1, BenchArgs};
+use crate::produce::{Mix, Step};
+use crate::{finish_stage, produce_stage, Session};
+
+/// The offered rate, in total over the topic's partitions.
+const RATE: f64 = 2000.0;
+/// (partitions, workers), in the order they run.
+const SHAPES: [(i32, usize); 6] = [(6, 1), (6, 2), (60, 1), (60, 2), (300, 1), (300, 2)];
+#[derive(Debug, Default, Serialize)]
+pub(super) struct Phases {
+    fence: f64,
+    stage: f64,
+    dedupe: f64,
+    effect: f64,
+    commit: f64,
+}
+
+/// "Commits/s well below records/s": at least this many records per transaction.
+const RECORDS_PER_COMMIT_TARGET: f64 = 5.0;
+/// Linux's clock ticks a second (`getconf CLK_TCK`), the unit of `/proc/<pid>/stat`'s times.
+const TICKS: f64 = 100.0;
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct PartitionsRun {
+    partitions: i32,
+    workers: usize,
+    /// Records the broker acknowledged per second of producing: [`RATE`] payments a second
+    /// and their 10% resends.
+    offered_msg_s: f64,
+    /// Records the engine committed over the run, per second of the run.
+    achieved_msg_s: f64,
+    records: u64,
+    seconds: f64,
+    /// From the last record produced until the stored offsets reached the topic's end.
+    drain_tail_s: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    clock_step_s: f64,
+    /// The workers' batch transactions committed, per second.
+    commits_s: f64,
+    records_per_commit: f64,
+    /// Mean wall time of a batch in the worker (`effectively_batch_duration_seconds`): from
+    /// asking the pool for a connection to `COMMIT`'s answer.
+    batch_ms_mean: f64,
+    /// Mean time per batch transaction in each phase (`effectively_batch_phase_seconds`):
+    /// `fence` includes waiting for a pool connection, `commit` the WAL flush.
+    phase_ms_per_commit: Phases,
+    /// The database's `xact_commit` per second: every session's, not only the workers'.
+    db_xact_commit_s: f64,
+    /// `pg_stat_wal.wal_sync` per second: WAL flushes to disk, the whole cluster's.
+    wal_syncs_s: f64,
+    /// CPU of the PostgreSQL backends serving the workers' connections, per record.
+    pg_cpu_us_per_msg: f64,
+    /// CPU of every `postgres` process on the machine (WAL writer, checkpointer, autovacuum,
+    /// other users of the shared cluster), per record of this run: an upper bound.
+    pg_cluster_cpu_us_per_msg: f64,
+    /// The workers' own CPU (`utime + stime`), per record.
+    worker_cpu_us_per_msg: f64,
+    /// The workers' CPU while they hold every partition and no record arrives (3 s before
+    /// the run), in % of one core: what the partitions cost by being there (librdkafka's
+    /// fetches, the tasks).
+    idle_worker_cpu_pct: f64,
+    /// The machine's busy share of its CPUs over the run (`/proc/stat`), everything included.
+    machine_busy_pct: f64,
+    /// The share of that not spent by PostgreSQL, Kafka, the workers or loadgen: other users
+    /// of the machine, whose load moves the latencies (never the CPU per record much).
+    others_busy_pct: f64,
+    verified: bool,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(super) struct PartitionsScale {
+    offered_msg_s: f64,
+    seconds_each: f64,
+    /// `database.pool_size` of each worker: at most this many of its transactions at once.
+    pool_size: usize,
+    /// What the consumer's section held beyond the defaults.
+    consumer_extra: String,
+    runs: Vec<PartitionsRun>,
+    pub(super) target: String,
+    /// Every 300-partition run met the target.
+    pub(super) target_met_at_300: bool,
+    pub(super) verified: bool,
+}
+
+/// Every shape at [`RATE`] for `each`, workers with `pool_size` connections and `extra` in the
+/// consumer's section.
+pub(super) async fn partitions_scale(
+    bin: &Path,
+    args: &BenchArgs,
+    each: Duration,
+    pool_size: usize,
+    extra: &str,
+) -> anyhow::Result<PartitionsScale> {
+    let mut out = PartitionsScale {
+        offered_msg_s: RATE,
+        seconds_each: each.as_secs_f64(),
+        pool_size,
+        consumer_extra: extra.to_string(),
+        target: format!(
+            "at 300 partitions: p99 <= {P99_TARGET_MS} ms, achieved >= 95% of the offered \
+             rate, at least {RECORDS_PER_COMMIT_TARGET} records per commit"
+        ),
+        target_met_at_300: true,
+        verified: true,
+        ..PartitionsScale::default()
+    };
+    for (partitions, workers) in SHAPES {
+        eprintln!("   {partitions} partitions, {workers} worker(s), {RATE}/s for {each:?}");
+        let run = one(bin, args, partitions, workers, each, pool_size, extra).await?;
+        eprintln!(
+            "     p50 {:.1} ms, p99 {:.1} ms; {:.0} msg/s, {:.0} commits/s ({:.1} records each); \
+             PostgreSQL {:.0} us/msg (cluster {:.0}), worker {:.0} us/msg (idle {:.0}% of a \
+             core); batch {:.1} ms; {:.0} WAL syncs/s; machine {:.0}% busy, others {:.0}%; \
+             verified: {}",
+            run.p50,
+            run.p99,
+            run.achieved_msg_s,
+            run.commits_s,
+            run.records_per_commit,
+            run.pg_cpu_us_per_msg,
+            run.pg_cluster_cpu_us_per_msg,
+            run.worker_cpu_us_per_msg,
+            run.idle_worker_cpu_pct,
+            run.batch_ms_mean,
+            run.wal_syncs_s,
+            run.machine_busy_pct,
+            run.others_busy_pct,
+            run.verified
+        );
+        out.verified &= run.verified;
+        if partitions == 300 {
+            out.target_met_at_300 &= run.p99 <= P99_TARGET_MS
+                && run.achieved_msg_s >= 0.95 * run.offered_msg_s
+                && run.records_per_commit >= RECORDS_PER_COMMIT_TARGET;
+        }
+        out.runs.push(run);
+    }
+    Ok(out)
+}
+
+async fn one(
+    bin: &Path,
+    args: &BenchArgs,
+    partitions: i32,
+    workers: usize,
+    each: Duration,
+    pool_size: usize,
+    extra: &str,
+) -> anyhow::Result<PartitionsRun> {
+    let name = format!(
+        "bench-parts-{partitions}x{workers}-{:06x}",
+        fastrand::u32(..0xffffff)
+    );
+    let mix = Mix {
+        resend: 0.10,
+        ..resends_only()
+    };
+    let plan = vec![Step {
+        rate: Some(RATE),
+        duration: each,
+    }];
+    let mut s = spec(args, &name, partitions, plan, None, mix);
+    s.report_dir = args.out.join(&name);
+    let session = Session::open(&s).await?;
+    let db = Db::connect(args).await?;
+    let mut procs = Vec::new();
+    for w in 0..workers {
+        let port = free_port()?;
+        let (id, file) = (format!("bench-{w}"), format!("{name}-w{w}"));
+        let launch = Launch {
+            id: &id,
+            extra,
+            file: &file,
+            pool_size: Some(pool_size),
+            metrics_addr: Some(format!("127.0.0.1:{port}")),
+        };
+        procs.push((
+            Worker::launch(bin, args, &name, "batch", &launch).await?,
+            port,
+        ));
+    }
+    let idle_cpu_s = settle(&mut procs, partitions, &name).await?;
+
+    let before = Mark::take(&procs, &db).await?;
+    let started = Instant::now();
+    let produced = produce_stage(&session, &s).await?;
+    let produced_s = started.elapsed().as_secs_f64();
+    let drain = session.drain(&s.consumer, s.drain_timeout).await;
+    if let Some(problem) = drain.problem() {
+        eprintln!("     {problem}");
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let after = Mark::take(&procs, &db).await?;
+    let r = finish_stage(&session, &s, &produced).await?;
+    for (w, _) in procs {
+        w.stop().await?;
+    }
+    // A shared broker should not keep every run's 300 partitions.
+    if let Err(e) = delete_topic(&args.services.brokers, &name).await {
+        eprintln!("     deleting topic {name}: {e:#}");
+    }
+
+    let records = (after.records - before.records).max(0.0);
+    let commits = after.commits - before.commits;
+    let per_msg = |s: f64| round1(s * 1e6 / records.max(1.0));
+    let per_commit = |s: f64| (s * 1e3 / commits.max(1.0) * 100.0).round() / 100.0;
+    let phase = |i: usize| per_commit(after.phases[i] - before.phases[i]);
+    let (pg, cluster) = (
+        spent(&before.backends, &after.backends),
+        spent(&before.cluster, &after.cluster),
+    );
+    let worker_cpu_s = after.worker_cpu_s - before.worker_cpu_s;
+    let ours = cluster
+        + worker_cpu_s
+        + (after.kafka_cpu_s - before.kafka_cpu_s)
+        + (after.loadgen_cpu_s - before.loadgen_cpu_s);
+    let total_s = (after.machine.1 - before.machine.1) as f64 / TICKS;
+    Ok(PartitionsRun {
+        partitions,
+        workers,
+        offered_msg_s: round1(r.acked as f64 / r.duration_s.max(1e-9)),
+        achieved_msg_s: round1(records / seconds),
+        records: records as u64,
+        seconds: round1(seconds),
+        drain_tail_s: round1(seconds - produced_s),
+        p50: r.latency_ms.p50,
+        p99: r.latency_ms.p99,
+        p999: r.latency_ms.p999,
+        clock_step_s: r.clock_step_s,
+        commits_s: round1(commits / seconds),
+        records_per_commit: round1(records / commits.max(1.0)),
+        batch_ms_mean: per_commit(after.batch_s - before.batch_s),
+        phase_ms_per_commit: Phases {
+            fence: phase(0),
+            stage: phase(1),
+            dedupe: phase(2),
+            effect: phase(3),
+            commit: phase(4),
+        },
+        db_xact_commit_s: round1((after.xact_commit - before.xact_commit) as f64 / seconds),
+        wal_syncs_s: round1((after.wal_sync - before.wal_sync) as f64 / seconds),
+        pg_cpu_us_per_msg: per_msg(pg),
+        pg_cluster_cpu_us_per_msg: per_msg(cluster),
+        worker_cpu_us_per_msg: per_msg(worker_cpu_s),
+        idle_worker_cpu_pct: round1(idle_cpu_s * 100.0),
+        machine_busy_pct: busy_pct(before.machine, after.machine),
+        others_busy_pct: round1(
+            (busy_pct(before.machine, after.machine) - ours * 100.0 / total_s.max(1e-9)).max(0.0),
+        ),
+        verified: r.verified && drain.problem().is_none(),
+    })
+}
+
+/// Waits until every worker holds some of the topic's partitions and together all of them,
+/// then a little more: the run measures the steady state, not the group's joins and claims.
+/// Returns the workers' CPU seconds a second over that little more, with no record arriving.
+async fn settle(procs: &mut [(Worker, u16)], partitions: i32, name: &str) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        for (i, (w, _)) in procs.iter_mut().enumerate() {
+            if let Some(why) = w.exited(&format!("{name}-w{i}.log")) {
+                anyhow::bail!(why);
+            }
+        }
+        let mut held = Vec::new();
+        for (_, port) in procs.iter() {
+            let text = scrape(*port).await.unwrap_or_default();
+            held.push(metric(&text, "effectively_assigned_partitions"));
+        }
+        if held.iter().all(|&n| n > 0.0) && held.iter().sum::<f64>() == f64::from(partitions) {
+            let cpu = || procs.iter().map(|(w, _)| w.usage().1).sum::<f64>();
+            let before = cpu();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            return Ok((cpu() - before) / 3.0);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the workers did not take the topic's {partitions} partitions in 90 s (they hold \
+             {held:?}); see {name}-w*.log"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The counters at one moment.
+struct Mark {
+    commits: f64,
+    records: f64,
+    batch_s: f64,
+    /// Seconds in each phase, in [`PHASES`] order.
+    phases: [f64; 5],
+    worker_cpu_s: f64,
+    /// CPU seconds of each backend serving a worker's connection, by pid.
+    backends: HashMap<u32, f64>,
+    /// CPU seconds of every `postgres` process, by pid.
+    cluster: HashMap<u32, f64>,
+    /// CPU seconds of the broker and of this process.
+    kafka_cpu_s: f64,
+    loadgen_cpu_s: f64,
+    xact_commit: i64,
+    wal_sync: i64,
+    machine: (u64, u64),
+}
+
+const PHASES: [&str; 5] = ["fence", "stage", "dedupe", "effect", "commit"];
+
+/// The CPU a set of processes spent between two marks; a process gone by the second mark
+/// is left out, one that started after the first counts whole.
+fn spent(before: &HashMap<u32, f64>, after: &HashMap<u32, f64>) -> f64 {
+    (after.iter())
+        .map(|(pid, t)| t - before.get(pid).unwrap_or(&0.0))
+        .filter(|d| *d >= 0.0)
+        .sum()
+}
+
+impl Mark {
+    async fn take(procs: &[(Worker, u16)], db: &Db) -> anyhow::Result<Mark> {
+        let mut m = Mark {
+            commits: 0.0,
+            records: 0.0,
+            batch_s: 0.0,
+            phases: [0.0; 5],
+            worker_cpu_s: 0.0,
+            backends: HashMap::new(),
+            cluster: processes(|comm, _| comm == "postgres"),
+            kafka_cpu_s: (processes(|comm, cmd| comm == "java" && cmd.contains("kafka.Kafka")))
+                .values()
+                .sum(),
+            loadgen_cpu_s: cpu_s(std::process::id()).unwrap_or(0.0),
+            xact_commit: 0,
+            wal_sync: 0,
+            machine: machine_ticks(),
+        };
+        let mut ports = Vec::new();
+        for (w, port) in procs {
+            let text = scrape(*port).await?;
+            m.commits += metric(&text, "effectively_batch_size_records_count");
+            m.records += metric(&text, "effectively_batch_size_records_sum");
+            m.batch_s += metric(&text, "effectively_batch_duration_seconds_sum");
+            for (i, phase) in PHASES.iter().enumerate() {
+                let label = format!("phase=\"{phase}\"");
+                m.phases[i] += metric_where(&text, "effectively_batch_phase_seconds_sum", &label);
+            }
+            m.worker_cpu_s += w.usage().1;
+            if let Some(pid) = w.child.id() {
+                ports.extend(client_ports(pid));
+            }
+        }
+        let rows = db
+            .client
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE client_port = ANY($1)",
+                &[&ports],
+            )
+            .await?;
+        for r in rows {
+            let pid = r.get::<_, i32>(0) as u32;
+            m.backends.insert(pid, cpu_s(pid).unwrap_or(0.0));
+        }
+        let r = db
+            .client
+            .query_one(
+                "SELECT (SELECT xact_commit FROM pg_stat_database
+                         WHERE datname = current_database()),
+                        (SELECT wal_sync FROM pg_stat_wal)",
+                &[],
+            )
+            .await?;
+        (m.xact_commit, m.wal_sync) = (r.get(0), r.get(1));
+        Ok(m)
+    }
+}
+
+/// `/metrics` of a worker, over plain HTTP/1.0.
+async fn scrape(port: u16) -> anyhow::Result<String> {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).await?;
+    Ok(text)
+}
+
+/// The sum of a metric's series (whatever their labels) in Prometheus' text format.
+fn metric(text: &str, name: &str) -> f64 {
+    metric_where(text, name, "")
+}
+
+/// The sum of a metric's series whose line holds `label` (e.g. `phase="commit"`).
+fn metric_where(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(label))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            (series.split('{').next()? == name).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+async fn delete_topic(brokers: &str, topic: &str) -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    for r in admin.delete_topics(&[topic], &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| anyhow::anyhow!("{t}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `utime + stime` of a process, in seconds.
+fn cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold spaces): utime and stime are fields 14 and 15.
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    Some((t(11)? + t(12)?) / TICKS)
+}
+
+/// CPU seconds of each process whose name and command line pass `pick`, by pid.
+fn processes(pick: impl Fn(&str, &str) -> bool) -> HashMap<u32, f64> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return HashMap::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            pick(comm.trim(), &String::from_utf8_lossy(&cmd))
+        })
+        .filter_map(|pid| Some((pid, cpu_s(pid)?)))
+        .collect()
+}
+
+/// Local ports of a process's TCP sockets: its end of each PostgreSQL connection is one.
+fn client_ports(pid: u32) -> Vec<i32> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| {
+                let link = std::fs::read_link(e.ok()?.path()).ok()?;
+                let l = link.to_str()?;
+                Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(inode)) = (f.get(1), f.get(9)) else {
+                continue;
+            };
+            if inodes.iter().any(|i| i == inode) {
+                if let Some(port) = local
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| i32::from_str_radix(p, 16).ok())
+                {
+                    ports.push(port);
+                }
+            }
+        }
+    }
+    ports
+}
+
+/// (busy, total) ticks of all CPUs so far, from `/proc/stat`.
+fn machine_ticks() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = text
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user already)
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).unwrap_or(&0) + v.get(4).unwrap_or(&0);
+    (total - idle, total)
+}
+
+fn busy_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.1.saturating_sub(before.1).max(1) as f64;
+    round1(after.0.saturating_sub(before.0) as f64 * 100.0 / total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sums_the_series_of_one_name() {
+        let text = "# TYPE effectively_batch_size_records summary\n\
+            effectively_batch_size_records{consumer=\"c\",topic=\"t\",quantile=\"0.5\"} 1\n\
+            effectively_batch_size_records_sum{consumer=\"c\",topic=\"t\"} 120\n\
+            effectively_batch_size_records_count{consumer=\"c\",topic=\"t\"} 40\n\
+            effectively_batch_size_records_count{consumer=\"c\",topic=\"u\"} 2\n\
+            effectively_assigned_partitions 300\n";
+        assert_eq!(metric(text, "effectively_batch_size_records_count"), 42.0);
+        assert_eq!(metric(text, "effectively_batch_size_records_sum"), 120.0);
+        assert_eq!(metric(text, "effectively_assigned_partitions"), 300.0);
+        assert_eq!(metric(text, "effectively_batch_size_records"), 1.0);
+    }
+
+    #[test]
+    fn this_process_has_cpu_time_and_the_machine_ticks() {
+        assert!(cpu_s(std::process::id()).is_some());
+        let (busy, total) = machine_ticks();
+        assert!(busy <= total && total > 0);
+    }
+}
