@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::db::{Db, DbCost};
-use super::worker::{resends_only, spec, Worker, PARTITIONS};
+use super::worker::{resends_only, spec, until_applied, until_stored, Worker, PARTITIONS};
 use super::{round1, BenchArgs};
 use crate::produce::Step;
 use crate::{finish_stage, produce_stage, Session, Spec};
@@ -183,22 +183,8 @@ async fn run(
         &format!("{name}-receiver"),
     )
     .await?;
-    loop {
-        if let Ok(0) = session.watcher.lag(&session.db, name).await {
-            break;
-        }
-        if let Some(why) = receiver.exited(&format!("{name}-receiver.log")) {
-            anyhow::bail!(
-                "the receiver-only worker (processors = 0) did not drain the topic: {why}"
-            );
-        }
-        anyhow::ensure!(
-            started.elapsed() < spec.drain_timeout,
-            "the inbox receiver did not drain the topic within {:?}",
-            spec.drain_timeout
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let file = format!("{name}-receiver");
+    until_stored(session, name, &mut receiver, &file, spec.drain_timeout).await?;
     let ingest_wall = started.elapsed().as_secs_f64();
     let (rss_mb, cpu_s) = receiver.usage();
     receiver.stop().await?;
@@ -233,22 +219,8 @@ async fn run(
         let worker = Worker::start_on(bin, args, name, topic, "inbox", &extra, &file).await?;
         pool.push((worker, file));
     }
-    loop {
-        if crate::verify::inbox_open(&db.client, name).await? == 0 {
-            break;
-        }
-        for (worker, file) in pool.iter_mut() {
-            if let Some(why) = worker.exited(&format!("{file}.log")) {
-                anyhow::bail!("the inbox processors did not empty the inbox: {why}");
-            }
-        }
-        anyhow::ensure!(
-            started.elapsed() < spec.drain_timeout,
-            "the inbox processors did not empty the inbox within {:?}",
-            spec.drain_timeout
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let poll = Duration::from_millis(250);
+    until_applied(&db.client, name, &mut pool, spec.drain_timeout, poll).await?;
     let process_wall = started.elapsed().as_secs_f64();
     let (mut rss_mb, mut cpu_s) = (0.0, 0.0);
     for (worker, _) in pool {

@@ -24,7 +24,7 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::db::Db;
-use super::worker::{spec, Worker, PARTITIONS};
+use super::worker::{spec, until_applied, until_stored, Worker, PARTITIONS};
 use super::{ratio, round1, BenchArgs};
 use crate::produce::{Mix, Step};
 use crate::{produce_stage, Session};
@@ -216,17 +216,7 @@ async fn noop_inbox(
     let started = Instant::now();
     let receiver = format!("{name}-receiver");
     let mut worker = Worker::start_config(bin, args, &config(0), &receiver).await?;
-    while !matches!(session.watcher.lag(&session.db, &name).await, Ok(0)) {
-        if let Some(why) = worker.exited(&format!("{receiver}.log")) {
-            anyhow::bail!("the receiver-only worker did not drain the topic: {why}");
-        }
-        anyhow::ensure!(
-            started.elapsed() < spec.drain_timeout,
-            "the receiver did not drain the topic within {:?}",
-            spec.drain_timeout
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_stored(&session, &name, &mut worker, &receiver, spec.drain_timeout).await?;
     let ingest_seconds = started.elapsed().as_secs_f64();
     worker.stop().await?;
     let pending: i64 = db
@@ -243,21 +233,11 @@ async fn noop_inbox(
     let started = Instant::now();
     let started_at = std::time::SystemTime::now();
     let file = format!("{name}-processors");
-    let mut worker = Worker::start_config(bin, args, &config(processors), &file).await?;
-    loop {
-        if crate::verify::inbox_open(&db.client, &name).await? == 0 {
-            break;
-        }
-        if let Some(why) = worker.exited(&format!("{file}.log")) {
-            anyhow::bail!("the inbox processors did not empty the inbox: {why}");
-        }
-        anyhow::ensure!(
-            started.elapsed() < spec.drain_timeout,
-            "the inbox processors did not empty the inbox within {:?}",
-            spec.drain_timeout
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let worker = Worker::start_config(bin, args, &config(processors), &file).await?;
+    let mut workers = [(worker, file)];
+    let poll = Duration::from_millis(50);
+    until_applied(&db.client, &name, &mut workers, spec.drain_timeout, poll).await?;
+    let [(worker, _)] = workers;
     let wall = started.elapsed().as_secs_f64();
     let (rss_mb, cpu_s) = worker.usage();
     worker.stop().await?;

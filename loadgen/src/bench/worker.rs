@@ -169,6 +169,56 @@ impl Worker {
     }
 }
 
+/// Waits until `consumer` has stored its topic's end (its lag is 0), failing if `receiver`
+/// exits (its log is `{file}.log`) or `timeout` passes.
+pub(super) async fn until_stored(
+    session: &crate::Session,
+    consumer: &str,
+    receiver: &mut Worker,
+    file: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    while !matches!(session.watcher.lag(&session.db, consumer).await, Ok(0)) {
+        if let Some(why) = receiver.exited(&format!("{file}.log")) {
+            anyhow::bail!(
+                "the receiver-only worker (processors = 0) did not drain the topic: {why}"
+            );
+        }
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "the inbox receiver did not drain the topic within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Waits until no inbox row of `consumer` is open, polling every `poll`, failing if one of
+/// `workers` (with its file name) exits or `timeout` passes.
+pub(super) async fn until_applied(
+    db: &tokio_postgres::Client,
+    consumer: &str,
+    workers: &mut [(Worker, String)],
+    timeout: Duration,
+    poll: Duration,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    while crate::verify::inbox_open(db, consumer).await? > 0 {
+        for (worker, file) in workers.iter_mut() {
+            if let Some(why) = worker.exited(&format!("{file}.log")) {
+                anyhow::bail!("the inbox processors did not empty the inbox: {why}");
+            }
+        }
+        anyhow::ensure!(
+            started.elapsed() < timeout,
+            "the inbox processors did not empty the inbox within {timeout:?}"
+        );
+        tokio::time::sleep(poll).await;
+    }
+    Ok(())
+}
+
 /// A process's (peak RSS in MB, CPU seconds) so far, from /proc.
 pub(super) fn proc_usage(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
