@@ -519,20 +519,7 @@ async fn replay(
 /// PostgreSQL's CPU seconds so far and the buffer accesses on `processed_messages`, once the
 /// engine's sessions are gone (up to 5 s): a session reports its table statistics as it ends.
 async fn pg_work(db: &tokio_postgres::Client) -> anyhow::Result<(f64, i64)> {
-    for _ in 0..50 {
-        let open: i64 = db
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE application_name = 'effectively' AND datname = current_database()",
-                &[],
-            )
-            .await?
-            .get(0);
-        if open == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::bench::settle(db, Duration::from_secs(5)).await?;
     let buffers: i64 = db
         .query_one(
             "SELECT coalesce(sum(coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0)

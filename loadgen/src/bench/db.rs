@@ -90,22 +90,7 @@ impl Db {
     /// Waits (up to 10 s) until no engine session is connected: a session reports its row
     /// counts and WAL statistics when it exits, and they must fall in the phase they belong to.
     pub(super) async fn settle(&self) -> anyhow::Result<()> {
-        for _ in 0..100 {
-            let n: i64 = self
-                .client
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE application_name = 'effectively' AND datname = current_database()",
-                    &[],
-                )
-                .await?
-                .get(0);
-            if n == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+        settle(&self.client, Duration::from_secs(10)).await
     }
 
     /// Once the engine's sessions are gone: the counters now.
@@ -186,6 +171,26 @@ impl Db {
             pg_cpu_s: now.pg_cpu_s - since.pg_cpu_s,
         })
     }
+}
+
+/// Waits (up to `limit`) until no session named `effectively` is connected to the database.
+pub(crate) async fn settle(client: &tokio_postgres::Client, limit: Duration) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
+        let n: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = 'effectively' AND datname = current_database()",
+                &[],
+            )
+            .await?
+            .get(0);
+        if n == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 /// CPU seconds PostgreSQL's processes have used so far (user and system): the postmaster's own

@@ -38,7 +38,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use connect::{connect, ConnectReport};
-pub(crate) use db::pg_cpu_seconds;
+pub(crate) use db::{pg_cpu_seconds, settle};
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
 use inbox::InboxRuns;
 use latency::{latency, LatencyAt, P99_TARGET_MS};
