@@ -79,12 +79,14 @@ impl Worker {
         toml: &str,
         file: &str,
     ) -> anyhow::Result<Worker> {
+        // A port of its own for each worker's /metrics: the engine's default (9464) is taken by
+        // the first worker of a phase that runs several.
         let launch = Launch {
             id: "",
             extra: "",
             file,
             pool_size: None,
-            metrics_addr: None,
+            metrics_addr: Some("127.0.0.1:0".to_string()),
         };
         Worker::spawn(bin, args, toml, &launch).await
     }
