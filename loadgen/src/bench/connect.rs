@@ -30,7 +30,8 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
 
-use super::worker::{proc_usage, resends_only, spec, PARTITIONS};
+use super::procfs;
+use super::worker::{resends_only, spec, PARTITIONS};
 use super::BenchArgs;
 use crate::produce::Step;
 use crate::{produce_stage, Session};
@@ -289,7 +290,7 @@ async fn sink(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let startup_s = started.elapsed().as_secs_f64();
-    let cpu_s_startup = proc_usage(pid).1;
+    let cpu_s_startup = procfs::usage(pid).1;
     // Done: the group's committed offsets (which Connect moves only after the sink flushed)
     // at the topic's ends.
     let group = group_reader(&args.services.brokers, &name)?;
@@ -308,7 +309,7 @@ async fn sink(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let (rss_mb, cpu_s) = proc_usage(pid);
+    let (rss_mb, cpu_s) = procfs::usage(pid);
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();

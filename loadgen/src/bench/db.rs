@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
-use super::{round1, BenchArgs};
+use super::{procfs, round1, BenchArgs};
 
 /// What PostgreSQL did during a phase, from [`DbMark`]s taken around it.
 #[derive(Debug, Default, Clone, Copy, Serialize)]
@@ -203,44 +203,12 @@ pub(crate) async fn pg_cpu_seconds(client: &tokio_postgres::Client) -> Option<f6
         .await
         .ok()?
         .get(0);
-    let postmaster = proc_stat(backend as u32)?.ppid;
-    let own = proc_stat(postmaster)?;
-    let mut ticks = own.utime + own.stime + own.cutime + own.cstime;
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if let Some(child) = proc_stat(pid).filter(|s| s.ppid == postmaster) {
-            ticks += child.utime + child.stime;
-        }
-    }
-    Some(ticks / 100.0)
-}
-
-/// The fields of `/proc/PID/stat` used here (times in clock ticks, 100 a second on Linux).
-struct ProcStat {
-    ppid: u32,
-    utime: f64,
-    stime: f64,
-    cutime: f64,
-    cstime: f64,
-}
-
-fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name (which may hold spaces): state is field 3, ppid 4, utime 14,
-    // stime 15, cutime 16, cstime 17.
-    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let n = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
-    Some(ProcStat {
-        ppid: f.get(1)?.parse().ok()?,
-        utime: n(11)?,
-        stime: n(12)?,
-        cutime: n(13)?,
-        cstime: n(14)?,
-    })
+    let postmaster = procfs::stat(backend as u32)?.ppid;
+    let own = procfs::stat(postmaster)?;
+    let children: f64 = procfs::pids()
+        .filter_map(procfs::stat)
+        .filter(|s| s.ppid == postmaster)
+        .map(|s| s.cpu_s)
+        .sum();
+    Some(own.cpu_s + own.children_cpu_s + children)
 }

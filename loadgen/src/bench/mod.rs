@@ -28,6 +28,7 @@ mod drain;
 mod inbox;
 mod latency;
 mod partitions;
+mod procfs;
 mod river;
 mod worker;
 

@@ -26,7 +26,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::db::Db;
 use super::latency::P99_TARGET_MS;
 use super::worker::{resends_only, spec, Launch, Worker};
-use super::{round1, BenchArgs};
+use super::{procfs, round1, BenchArgs};
 use crate::produce::{Mix, Step};
 use crate::{finish_stage, produce_stage, Session};
 
@@ -45,8 +45,6 @@ pub(super) struct Phases {
 
 /// "Commits/s well below records/s": at least this many records per transaction.
 const RECORDS_PER_COMMIT_TARGET: f64 = 5.0;
-/// Linux's clock ticks a second (`getconf CLK_TCK`), the unit of `/proc/<pid>/stat`'s times.
-const TICKS: f64 = 100.0;
 
 #[derive(Debug, Default, Serialize)]
 pub(super) struct PartitionsRun {
@@ -244,7 +242,7 @@ async fn one(
         + worker_cpu_s
         + (after.kafka_cpu_s - before.kafka_cpu_s)
         + (after.loadgen_cpu_s - before.loadgen_cpu_s);
-    let total_s = (after.machine.1 - before.machine.1) as f64 / TICKS;
+    let total_s = (after.machine.1 - before.machine.1) as f64 / procfs::TICKS;
     Ok(PartitionsRun {
         partitions,
         workers,
@@ -446,19 +444,12 @@ fn free_port() -> anyhow::Result<u16> {
 
 /// `utime + stime` of a process, in seconds.
 fn cpu_s(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name (which may hold spaces): utime and stime are fields 14 and 15.
-    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
-    Some((t(11)? + t(12)?) / TICKS)
+    procfs::stat(pid).map(|s| s.cpu_s)
 }
 
 /// CPU seconds of each process whose name and command line pass `pick`, by pid.
 fn processes(pick: impl Fn(&str, &str) -> bool) -> HashMap<u32, f64> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return HashMap::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+    procfs::pids()
         .filter(|pid| {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();

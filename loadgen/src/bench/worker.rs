@@ -140,7 +140,7 @@ impl Worker {
 
     /// (peak RSS in MB, CPU seconds) so far, from /proc.
     pub(super) fn usage(&self) -> (f64, f64) {
-        self.child.id().map_or((0.0, 0.0), proc_usage)
+        self.child.id().map_or((0.0, 0.0), super::procfs::usage)
     }
 
     /// Why the process is gone, if it exited (it should not before it is stopped).
@@ -219,23 +219,6 @@ pub(super) async fn until_applied(
         tokio::time::sleep(poll).await;
     }
     Ok(())
-}
-
-/// A process's (peak RSS in MB, CPU seconds) so far, from /proc.
-pub(super) fn proc_usage(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm_kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0.0);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime and stime are the 14th and
-    // 15th fields, in clock ticks (100 a second on Linux).
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (hwm_kb / 1024.0, (ticks(11) + ticks(12)) / 100.0)
 }
 
 /// The partitions of every phase's topic but the many-partitions one.
