@@ -19,18 +19,8 @@ LIB=$STACK_DIR/lib
 
 fetch() {
   mkdir -p "$STACK_DIR"
-  # The same pom-hash stamp as the broker's jars (kafka_jars_current compares $POM's hash).
-  kafka_jars_current "$LIB" && return 0
-  command -v mvn >/dev/null || die "mvn is needed to fetch Kafka Connect's jars from Maven Central"
   command -v java >/dev/null || die "java (17 or later) is needed to run Kafka Connect"
-  log "fetching Kafka Connect and Debezium's JDBC sink with mvn (cached in ~/.m2 and $LIB)"
-  rm -rf "$LIB.tmp"
-  mvn -B -q -f "$POM" dependency:copy-dependencies \
-    -DoutputDirectory="$LIB.tmp" -DincludeScope=runtime >"$STACK_DIR/mvn.log" 2>&1 ||
-    { tail -30 "$STACK_DIR/mvn.log" >&2; die "mvn could not fetch Kafka Connect's jars"; }
-  kafka_pom_hash >"$LIB.tmp/.pom-hash"
-  rm -rf "$LIB"
-  mv "$LIB.tmp" "$LIB"
+  mvn_jars "$LIB" "Kafka Connect and Debezium's JDBC sink"
 }
 
 case "${1:-}" in

@@ -41,18 +41,23 @@ kafka_pom_hash() { sha256sum "$POM" | cut -c1-16; }
 # kafka_jars_current DIR: DIR holds the jars of the current pom.
 kafka_jars_current() { [ "$(kafka_pom_hash)" = "$(cat "$1/.pom-hash" 2>/dev/null || true)" ]; }
 
-kafka_jars() {
-  kafka_jars_current "$KAFKA_HOME/lib" && return 0
-  command -v mvn >/dev/null || die "mvn is needed to fetch Kafka's jars from Maven Central"
-  log "fetching Apache Kafka $(kafka_version) jars with mvn (cached in ~/.m2 and $KAFKA_HOME/lib)"
-  rm -rf "$KAFKA_HOME/lib.tmp"
+# mvn_jars DIR WHAT: the runtime jars of $POM copied into DIR (through DIR.tmp, stamped with the
+# pom's hash), unless DIR holds the current pom's already; WHAT names them in messages.
+mvn_jars() {
+  local dir=$1 what=$2
+  kafka_jars_current "$dir" && return 0
+  command -v mvn >/dev/null || die "mvn is needed to fetch $what from Maven Central"
+  log "fetching $what with mvn (cached in ~/.m2 and $dir)"
+  rm -rf "$dir.tmp"
   mvn -B -q -f "$POM" dependency:copy-dependencies \
-    -DoutputDirectory="$KAFKA_HOME/lib.tmp" -DincludeScope=runtime >"$STACK_DIR/mvn.log" 2>&1 ||
-    { tail -30 "$STACK_DIR/mvn.log" >&2; die "mvn could not fetch Kafka's jars"; }
-  kafka_pom_hash >"$KAFKA_HOME/lib.tmp/.pom-hash"
-  rm -rf "${KAFKA_HOME:?}/lib"
-  mv "$KAFKA_HOME/lib.tmp" "$KAFKA_HOME/lib"
+    -DoutputDirectory="$dir.tmp" -DincludeScope=runtime >"$STACK_DIR/mvn.log" 2>&1 ||
+    { tail -30 "$STACK_DIR/mvn.log" >&2; die "mvn could not fetch $what"; }
+  kafka_pom_hash >"$dir.tmp/.pom-hash"
+  rm -rf "${dir:?}"
+  mv "$dir.tmp" "$dir"
 }
+
+kafka_jars() { mvn_jars "$KAFKA_HOME/lib" "Apache Kafka $(kafka_version) jars"; }
 
 # KAFKA_CLASSPATH_EXTRA: a folder of classes of the caller's own, after the jars.
 kafka_java() {
