@@ -23,6 +23,7 @@ pub const BATCH_PHASE: &str = "effectively_batch_phase_seconds";
 pub const HANDLER_DURATION: &str = "effectively_handler_duration_seconds";
 pub const RECORDS_RECEIVED: &str = "effectively_records_received_total";
 pub const EFFECTS_APPLIED: &str = "effectively_effects_applied_total";
+pub const TRANSACTIONS_COMMITTED: &str = "effectively_transactions_committed_total";
 pub const DUPLICATES_SKIPPED: &str = "effectively_duplicates_skipped_total";
 pub const PARKED: &str = "effectively_parked_total";
 pub const TRANSIENT_RETRIES: &str = "effectively_transient_retries_total";
@@ -71,6 +72,7 @@ pub const ALL: &[&str] = &[
     HANDLER_DURATION,
     RECORDS_RECEIVED,
     EFFECTS_APPLIED,
+    TRANSACTIONS_COMMITTED,
     DUPLICATES_SKIPPED,
     PARKED,
     TRANSIENT_RETRIES,
@@ -196,6 +198,11 @@ fn describe() {
         EFFECTS_APPLIED,
         Unit::Count,
         "Effects the handler applied (committed)."
+    );
+    describe_counter!(
+        TRANSACTIONS_COMMITTED,
+        Unit::Count,
+        "Batch transactions committed (a commit group's transaction counts once for its batches)."
     );
     describe_counter!(
         DUPLICATES_SKIPPED,
@@ -436,15 +443,19 @@ pub fn batch_committed(consumer: &str, topic: &str, o: &Outcome, took: Duration)
     histogram!(BATCH_SIZE, "consumer" => c.clone(), "topic" => t.clone()).record(o.records as f64);
     histogram!(BATCH_DURATION, "consumer" => c.clone(), "topic" => t.clone())
         .record(took.as_secs_f64());
-    // Phases that did not run in this batch (nothing to stage, nothing fresh) are not
-    // recorded as zeros.
-    let candidates = o.fresh + o.duplicates - o.prefilter_hits > 0;
+    counter!(TRANSACTIONS_COMMITTED, "consumer" => c.clone(), "topic" => t.clone())
+        .increment(o.commits);
+    // Phases that did not run in this batch (nothing to stage, nothing fresh, or a commit
+    // group's batch whose transaction is counted on the group's first batch) are not recorded
+    // as zeros.
+    let txn = o.commits > 0;
+    let candidates = txn && o.fresh + o.duplicates - o.prefilter_hits > 0;
     for (phase, d, ran) in [
-        ("fence", o.phases.fence, true),
+        ("fence", o.phases.fence, txn),
         ("stage", o.phases.stage, candidates),
         ("dedupe", o.phases.dedupe, candidates),
-        ("effect", o.phases.effect, o.fresh > 0),
-        ("commit", o.phases.commit, true),
+        ("effect", o.phases.effect, txn && o.fresh > 0),
+        ("commit", o.phases.commit, txn),
     ] {
         if ran {
             histogram!(BATCH_PHASE, "consumer" => c.clone(), "topic" => t.clone(), "phase" => phase)

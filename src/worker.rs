@@ -158,7 +158,11 @@ impl Worker {
                 None => None,
             };
             let strategy: Arc<dyn Strategy> = match c.strategy {
-                StrategyKind::Batch => Arc::new(Batched { prefilter }),
+                StrategyKind::Batch => Arc::new(Batched {
+                    prefilter,
+                    groups: (c.batch.group_partitions)
+                        .then(|| Arc::new(crate::strategy::group::Groups::new(&c.batch))),
+                }),
                 StrategyKind::PerMessage => Arc::new(PerMessage { prefilter }),
                 StrategyKind::Inbox => {
                     let stored = Arc::new(tokio::sync::Notify::new());

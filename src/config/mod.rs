@@ -377,6 +377,14 @@ pub struct BatchConfig {
     /// when quiet. Default 1,000: no growth (larger batches hold more memory, and did not pay
     /// off measurably here, see docs/PERFORMANCE.md). Values below `max_messages` mean no growth.
     pub backlog_max_messages: usize,
+    /// Commit groups: the small batches of several partitions of a topic share one transaction
+    /// (each partition still fenced on its own row), so a topic of many quiet partitions does not
+    /// pay one `COMMIT` per record. Off by default; see `strategy::group`.
+    pub group_partitions: bool,
+    /// Group transactions in flight at once, per topic and worker.
+    pub group_connections: usize,
+    /// A group closes at this many records; a batch larger than it commits on its own.
+    pub group_max_records: usize,
 }
 
 impl Default for BatchConfig {
@@ -386,6 +394,9 @@ impl Default for BatchConfig {
             max_bytes: 4 * 1024 * 1024,
             linger: Duration::from_millis(5),
             backlog_max_messages: 1000,
+            group_partitions: false,
+            group_connections: 4,
+            group_max_records: 1000,
         }
     }
 }
@@ -727,6 +738,19 @@ impl ConsumerConfig {
         }
         if batch.max_bytes < 1 {
             p.push("batch.max_bytes must be at least 1".into());
+        }
+        if batch.group_partitions && (batch.group_connections < 1 || batch.group_max_records < 1) {
+            p.push("batch.group_connections and batch.group_max_records must be at least 1".into());
+        }
+        if batch.group_partitions && self.strategy != Strategy::Batch {
+            p.push("batch.group_partitions works with strategy = \"batch\" only".into());
+        }
+        if batch.group_partitions && (self.version.is_some() || self.prefilter.is_some()) {
+            p.push(
+                "batch.group_partitions does not combine with [consumer.version] or [consumer.prefilter] \
+                 (their batches commit one partition at a time)"
+                    .into(),
+            );
         }
         if retry.max_attempts < 1 {
             p.push("retry.max_attempts must be at least 1".into());
@@ -1184,6 +1208,13 @@ mod tests {
         assert!(msg.contains("\"rewards\" is defined twice"), "{msg}");
         let msg = invalid(&with("[consumer.batch]\nmax_messages = 0"));
         assert!(msg.contains("consumer \"rewards\": batch.max_messages must be at least 1"));
+        let msg = invalid(&with(
+            "strategy = \"per-message\"\n[consumer.batch]\ngroup_partitions = true",
+        ));
+        assert!(
+            msg.contains("group_partitions works with strategy = \"batch\" only"),
+            "{msg}"
+        );
         let msg = invalid(&with("retention = \"1day\""));
         assert!(
             msg.contains("consumer \"rewards\": retention (1day)"),

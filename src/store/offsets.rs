@@ -35,6 +35,22 @@ UPDATE consumer_offsets SET next_offset = $6, updated_at = now()
 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4
   AND next_offset IS NOT DISTINCT FROM $5";
 
+/// Locks a commit group's rows in partition order, so two groups that share a partition (a
+/// zombie's and its successor's) wait for each other instead of deadlocking.
+const LOCK_MANY: &str = "\
+SELECT partition FROM consumer_offsets
+WHERE consumer = $1 AND topic = $2 AND partition = ANY($3)
+ORDER BY partition FOR UPDATE";
+
+/// [`ADVANCE`] for several partitions of one topic: returns the partitions that moved.
+const ADVANCE_MANY: &str = "\
+UPDATE consumer_offsets o SET next_offset = m.to_offset, updated_at = now()
+FROM unnest($3::int[], $4::bigint[], $5::bigint[], $6::bigint[])
+  AS m(partition, epoch, from_offset, to_offset)
+WHERE o.consumer = $1 AND o.topic = $2 AND o.partition = m.partition AND o.epoch = m.epoch
+  AND o.next_offset IS NOT DISTINCT FROM m.from_offset
+RETURNING o.partition";
+
 const READ: &str = "\
 SELECT epoch, next_offset FROM consumer_offsets
 WHERE consumer = $1 AND topic = $2 AND partition = $3";
@@ -97,6 +113,38 @@ pub async fn advance(
         )
         .await?;
     Ok(n == 1)
+}
+
+/// [`advance`] for several partitions of `topic` in one transaction (a commit group): locks
+/// their rows in partition order, moves each one that still holds its move's epoch and `from`,
+/// and returns the partitions that did not move (empty: all moved). With any refused, the caller
+/// must roll back.
+pub async fn advance_many(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    topic: &str,
+    moves: &[(i32, Move)],
+) -> Result<Vec<i32>, StoreError> {
+    let partitions: Vec<i32> = moves.iter().map(|(p, _)| *p).collect();
+    let epochs: Vec<i64> = moves.iter().map(|(_, m)| m.epoch).collect();
+    let from: Vec<Option<i64>> = moves.iter().map(|(_, m)| m.from).collect();
+    let to: Vec<i64> = moves.iter().map(|(_, m)| m.to).collect();
+    let lock = tx.prepare_cached(LOCK_MANY).await?;
+    tx.query(&lock, &[&consumer, &topic, &partitions]).await?;
+    let stmt = tx.prepare_cached(ADVANCE_MANY).await?;
+    let moved: std::collections::HashSet<i32> = tx
+        .query(
+            &stmt,
+            &[&consumer, &topic, &partitions, &epochs, &from, &to],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(partitions
+        .into_iter()
+        .filter(|p| !moved.contains(p))
+        .collect())
 }
 
 /// Why an [`advance`] matched no row.

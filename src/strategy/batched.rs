@@ -17,6 +17,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use deadpool_postgres::Transaction;
 
+use super::group::{Groups, Reply};
 use super::segments::{drive, Body, BodyOutcome, Shape};
 use super::{versioned, AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
 use crate::batch::{Batch, Raw};
@@ -29,6 +30,9 @@ use crate::store::{copy, dedupe};
 pub struct Batched {
     /// The consumer's Redis pre-filter, if it has one.
     pub prefilter: Option<Arc<Prefilter>>,
+    /// Commit groups (`batch.group_partitions`): small batches of several partitions share a
+    /// transaction.
+    pub groups: Option<Arc<Groups>>,
 }
 
 #[async_trait]
@@ -39,6 +43,19 @@ impl Strategy for Batched {
         batch: Batch,
         committed: Committed<'_>,
     ) -> Result<Outcome, BatchError> {
+        let batch = match &self.groups {
+            Some(groups) if groups.takes(&batch) => {
+                let next = batch.next_offset();
+                match groups.submit(ctx, batch).await? {
+                    Reply::Committed(outcome) => {
+                        next.into_iter().for_each(committed);
+                        return Ok(outcome);
+                    }
+                    Reply::Alone(batch) => batch,
+                }
+            }
+            _ => batch,
+        };
         let shape = Shape {
             segment_len: usize::MAX,
             fence_first: true,

@@ -4,6 +4,7 @@
 //! each PostgreSQL commit so the source can tell Kafka.
 
 pub mod batched;
+pub mod group;
 pub mod inbox;
 pub mod per_message;
 mod segments;

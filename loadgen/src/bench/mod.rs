@@ -16,8 +16,8 @@
 //!    applying as many stored rows with a no-op effect (`river.rs`);
 //! 9. the pre-filter's replays (`crate::replay`), 1 to 3 workers draining one topic, and
 //!    retention (dropping a day against deleting it);
-//! 10. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers
-//!     (`partitions_scale`).
+//! 10. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers, and
+//!     with commit groups (`partitions_scale`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
@@ -436,6 +436,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
                         "NOT met"
                     }
                 );
+                if let Some(met) = scale.target_met_at_300_grouped {
+                    let met = if met { "met" } else { "NOT met" };
+                    eprintln!("   with commit groups: {met}");
+                }
                 report.verified &= scale.verified;
                 report.partitions_scale = scale;
             }
