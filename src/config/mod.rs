@@ -381,7 +381,10 @@ pub struct BatchConfig {
     /// (each partition still fenced on its own row), so a topic of many quiet partitions does not
     /// pay one `COMMIT` per record. Off by default; see `strategy::group`.
     pub group_partitions: bool,
-    /// Group transactions in flight at once, per topic and worker.
+    /// Group transactions in flight at once, per topic and worker. Default 1: the next group
+    /// carries everything that arrived while one commits, the fewest transactions for the
+    /// records (measured best for latency as well as PostgreSQL's CPU, docs/PERFORMANCE.md).
+    /// Raise it when one transaction at a time cannot keep up with the topic.
     pub group_connections: usize,
     /// A group closes at this many records; a batch larger than it commits on its own.
     pub group_max_records: usize,
@@ -395,7 +398,7 @@ impl Default for BatchConfig {
             linger: Duration::from_millis(5),
             backlog_max_messages: 1000,
             group_partitions: false,
-            group_connections: 4,
+            group_connections: 1,
             group_max_records: 1000,
         }
     }

@@ -162,7 +162,15 @@ pub(super) async fn partitions_scale(
         let how = if grouped { ", commit groups" } else { "" };
         eprintln!("   {partitions} partitions, {workers} worker(s){how}, {RATE}/s for {each:?}");
         let extra = if grouped { GROUPED } else { extra };
-        let run = one(bin, args, (partitions, workers, grouped), each, pool_size, extra).await?;
+        let run = one(
+            bin,
+            args,
+            (partitions, workers, grouped),
+            each,
+            pool_size,
+            extra,
+        )
+        .await?;
         eprintln!(
             "     p50 {:.1} ms, p99 {:.1} ms; {:.0} msg/s, {:.0} commits/s ({:.1} records each); \
              PostgreSQL {:.0} us/msg (cluster {:.0}), worker {:.0} us/msg (idle {:.0}% of a \

@@ -7,8 +7,9 @@
 //!   tunes it.
 //! - Ours: a receiver-only worker (`processors = 0`) stores a pre-filled topic of as many
 //!   messages (untimed), then a worker with `processors` processors applies the rows with a
-//!   `kind = "sql"` handler whose statement writes nothing; at 1, 4, 8 and 16 processors, each
-//!   on fresh rows, and the best is compared against River's better run. `ordering_key = "none"`: River's jobs are
+//!   `kind = "sql"` handler whose statement writes nothing; at 1, 4, 8 and 16 processors with
+//!   the default claim of 100 rows, then 4 and 8 with claims of 1,000 (tuned, as River's tuned
+//!   run is), each on fresh rows, and the best is compared against River's better run. `ordering_key = "none"`: River's jobs are
 //!   independent, and one key would serialize ours.
 //!
 //! Both rates are first to last completion: River's `finalized_at` (stamped in its client when
@@ -29,8 +30,17 @@ use super::{ratio, round1, BenchArgs};
 use crate::produce::{Mix, Step};
 use crate::{produce_stage, Session};
 
-/// Processor counts our side runs at; the best is the one compared.
-const PROCESSORS: [usize; 4] = [1, 4, 8, 16];
+/// (processors, `inbox.claim_batch`) of our runs; the best is the one compared. The default
+/// claim (100 rows a round) at each count, then claims of 1,000 rows: River tuned as its own
+/// benchmark does fetches up to 2,000 jobs a statement, so ours are tuned too.
+const RUNS: [(usize, usize); 6] = [
+    (1, 100),
+    (4, 100),
+    (8, 100),
+    (16, 100),
+    (4, 1000),
+    (8, 1000),
+];
 
 /// The no-op effect: a statement that reads the staged messages and writes nothing. The SQL
 /// handler is the only one that needs no business table, but it stages every round's payloads
@@ -50,10 +60,11 @@ pub(super) struct RiverRuns {
     pub(super) river_tuned: RiverRun,
     /// Both tuned runs' jobs/s: before ours, after ours.
     pub(super) river_tuned_jobs_s_each: [f64; 2],
-    /// Our runs, one per processor count.
+    /// Our runs, one per (processors, claim_batch).
     pub(super) inbox: Vec<NoopRun>,
-    /// The processor count of our best run, the one compared.
+    /// The processor count and claim size of our best run, the one compared.
     pub(super) best_processors: usize,
+    pub(super) best_claim_batch: usize,
     /// Our best rows/s over River's better jobs/s, both first to last completion, and the
     /// same with wall times.
     pub(super) inbox_vs_river: f64,
@@ -61,6 +72,8 @@ pub(super) struct RiverRuns {
     /// Our best against River's default and tuned runs, one by one.
     pub(super) inbox_vs_river_default: f64,
     pub(super) inbox_vs_river_tuned: f64,
+    /// Our best with the default claim (100 rows) over River's better run.
+    pub(super) inbox_default_claim_vs_river: f64,
     pub(super) verified: bool,
 }
 
@@ -86,6 +99,7 @@ pub(super) struct RiverRun {
 #[derive(Debug, Default, Serialize)]
 pub(super) struct NoopRun {
     pub(super) processors: usize,
+    pub(super) claim_batch: usize,
     pub(super) records: u64,
     pub(super) rows: u64,
     pub(super) done: u64,
@@ -119,9 +133,9 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
     eprintln!("   River, tuned, {n} no-op jobs (before ours)");
     let tuned_before = run_harness(&harness, args, "tuned", n).await?;
     let mut inbox = Vec::new();
-    for p in PROCESSORS {
-        eprintln!("   inbox, {p} processor(s), no-op sql handler, {n} rows");
-        inbox.push(noop_inbox(bin, args, p, n).await?);
+    for (p, claim) in RUNS {
+        eprintln!("   inbox, {p} processor(s), claims of {claim}, no-op sql handler, {n} rows");
+        inbox.push(noop_inbox(bin, args, p, claim, n).await?);
     }
     eprintln!("   River, tuned, {n} no-op jobs (after ours)");
     let tuned_after = run_harness(&harness, args, "tuned", n).await?;
@@ -138,6 +152,11 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
         .iter()
         .max_by(|a, b| a.rows_s.total_cmp(&b.rows_s))
         .expect("at least one processor count");
+    let best_rows_s = best.rows_s;
+    let best_default_claim = (inbox.iter())
+        .filter(|r| r.claim_batch == 100)
+        .map(|r| r.rows_s)
+        .fold(0.0, f64::max);
     let river_best = river_tuned.jobs_s.max(river_default.jobs_s);
     let river_best_wall = river_tuned.jobs_s_wall.max(river_default.jobs_s_wall);
     let best_wall = inbox.iter().map(|r| r.rows_s_wall).fold(0.0, f64::max);
@@ -147,9 +166,11 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
             "our processors apply a kind = \"sql\" handler whose statement is `{NOOP_STATEMENT}` \
              (writes nothing); the handler stages each round's payloads by COPY first, which \
              River's no-op worker does not pay for; ordering_key = \"none\" (every row its own \
-             key); claim_batch 100 (the default)"
+             key); claim_batch 100 (the default) and 1000 (tuned)"
         ),
         best_processors: best.processors,
+        best_claim_batch: best.claim_batch,
+        inbox_default_claim_vs_river: ratio(best_default_claim, river_best),
         inbox_vs_river: ratio(best.rows_s, river_best),
         inbox_vs_river_wall: ratio(best_wall, river_best_wall),
         inbox_vs_river_default: ratio(best.rows_s, river_default.jobs_s),
@@ -163,17 +184,16 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
         inbox,
     };
     eprintln!(
-        "   inbox (no-op, best at {} processors) {:.0} rows/s; River tuned {:.0} jobs/s, default \
-         {:.0}; inbox_vs_river {:.2} (wall: {:.2})",
+        "   inbox (no-op, best at {} processors, claims of {}) {:.0} rows/s; River tuned {:.0} \
+         jobs/s, default {:.0}; inbox_vs_river {:.2} (wall: {:.2}); with the default claim {:.2}",
         runs.best_processors,
-        runs.inbox
-            .iter()
-            .find(|r| r.processors == runs.best_processors)
-            .map_or(0.0, |r| r.rows_s),
+        runs.best_claim_batch,
+        best_rows_s,
         runs.river_tuned.jobs_s,
         runs.river_default.jobs_s,
         runs.inbox_vs_river,
-        runs.inbox_vs_river_wall
+        runs.inbox_vs_river_wall,
+        runs.inbox_default_claim_vs_river
     );
     Ok(runs)
 }
@@ -183,9 +203,13 @@ async fn noop_inbox(
     bin: &Path,
     args: &BenchArgs,
     processors: usize,
+    claim_batch: usize,
     rows: u64,
 ) -> anyhow::Result<NoopRun> {
-    let name = format!("bench-noop-{processors}p-{:06x}", fastrand::u32(..0xffffff));
+    let name = format!(
+        "bench-noop-{processors}p{claim_batch}-{:06x}",
+        fastrand::u32(..0xffffff)
+    );
     let plan = vec![Step {
         rate: None,
         duration: Duration::from_secs(3600),
@@ -207,7 +231,8 @@ async fn noop_inbox(
             "[worker]\nid = \"bench\"\n[database]\npool_size = {}\n[[consumer]]\nname = \"{name}\"\n\
              topics = [\"{name}\"]\nstrategy = \"inbox\"\n\
              handler = {{ kind = \"sql\", statement = \"{NOOP_STATEMENT}\" }}\n\
-             [consumer.inbox]\nprocessors = {p}\nordering_key = \"none\"\n",
+             [consumer.inbox]\nprocessors = {p}\nclaim_batch = {claim_batch}\n\
+             ordering_key = \"none\"\n",
             p + 4
         )
     };
@@ -267,6 +292,7 @@ async fn noop_inbox(
     let (stored, done, failed) = (stored as u64, done as u64, failed as u64);
     let run = NoopRun {
         processors,
+        claim_batch,
         records,
         rows: stored,
         done,
