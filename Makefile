@@ -46,16 +46,17 @@ deploy-check:
 # Debug builds carry the chaos failpoints (inert unless FAILPOINTS is set); release never does.
 DEBUG_FEATURES := --features effectively/failpoints
 
-# Every test, the short chaos subset (and its hard bounce under the inbox strategy), a short
-# out-of-order order-status stream (versioned writes, full-state and delta), a short demo run
-# (10 s at 500 msg/s) that must verify, then one short failover scenario on the cluster stack
-# (an asynchronous standby promoted without the primary's last commits: nothing lost) and the
-# cluster stopped again.
+# Every test, the short chaos subset (and its hard bounce under the inbox strategy and with commit
+# groups), a short out-of-order order-status stream (versioned writes, full-state and delta), a
+# short demo run (10 s at 500 msg/s) that must verify, then one short failover scenario on the
+# cluster stack (an asynchronous standby promoted without the primary's last commits: nothing
+# lost) and the cluster stopped again.
 test: up lint monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) cargo test --workspace $(DEBUG_FEATURES)
 	$(WITH_ENV) target/debug/loadgen chaos --quick
 	$(WITH_ENV) target/debug/loadgen chaos --quick --strategy inbox --scenario hard-bounce
+	$(WITH_ENV) target/debug/loadgen chaos --quick --group-partitions --scenario hard-bounce
 	$(WITH_ENV) target/debug/loadgen orders --quick
 	$(WITH_ENV) target/debug/loadgen orders --quick --mode delta
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
@@ -88,16 +89,18 @@ microbench:
 
 # Fault injection: every scenario of docs/RELIABILITY.md against real worker processes (built
 # with the failpoints feature), each verified exactly-once, with the batch strategy, then again
-# with the inbox strategy (plus inbox-burst); then the order-status stream (versioned writes, out
-# of order, stale copies) with the batch strategy, and with the inbox strategy and its worker
-# SIGKILLed mid-stream, in full-state and in delta mode. Writes target/chaos/report.json and
-# report-inbox.json. It crashes the stack's PostgreSQL and Kafka on purpose: run it alone, or on
-# a stack of its own (STACK_DIR=$$PWD/.stack-chaos make chaos).
+# with the inbox strategy (plus inbox-burst), and with commit groups; then the order-status
+# stream (versioned writes, out of order, stale copies) with the batch strategy, and with the
+# inbox strategy and its worker SIGKILLed mid-stream, in full-state and in delta mode. Writes
+# target/chaos/report.json, report-inbox.json and report-batch-grouped.json. It crashes the
+# stack's PostgreSQL and Kafka on purpose: run it alone, or on a stack of its own
+# (STACK_DIR=$$PWD/.stack-chaos make chaos).
 chaos: up migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	status=0; \
 	$(WITH_ENV) target/debug/loadgen chaos || status=1; \
 	$(WITH_ENV) target/debug/loadgen chaos --strategy inbox || status=1; \
+	$(WITH_ENV) target/debug/loadgen chaos --group-partitions || status=1; \
 	$(WITH_ENV) target/debug/loadgen orders || status=1; \
 	$(WITH_ENV) target/debug/loadgen orders --strategy inbox --bounce || status=1; \
 	$(WITH_ENV) target/debug/loadgen orders --mode delta || status=1; \

@@ -49,6 +49,10 @@ pub struct ChaosArgs {
     /// With `--strategy inbox`: how processors claim rows (`lease`: a 10 s lease).
     #[arg(long, value_enum, default_value_t = ClaimArg::Lock)]
     inbox_claim: ClaimArg,
+    /// With `--strategy batch`: commit groups (`batch.group_partitions = true`), several
+    /// partitions' batches in one transaction.
+    #[arg(long)]
+    group_partitions: bool,
     /// Distinct users (the records' keys, and the inbox's ordering keys) of every scenario;
     /// default 200, and 10,000 for inbox-burst (10 payments each).
     #[arg(long)]
@@ -77,6 +81,7 @@ impl ChaosArgs {
     /// `batch`, `inbox` or `inbox-lease`: in the report, its file name and the topics' names.
     fn label(&self) -> &'static str {
         match (self.strategy, self.inbox_claim) {
+            (StrategyArg::Batch, _) if self.group_partitions => "batch-grouped",
             (StrategyArg::Batch, _) => "batch",
             (StrategyArg::Inbox, ClaimArg::Lock) => "inbox",
             (StrategyArg::Inbox, ClaimArg::Lease) => "inbox-lease",
@@ -128,6 +133,10 @@ fn not_applicable(name: &str, args: &ChaosArgs) -> Option<&'static str> {
 }
 
 pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
+    anyhow::ensure!(
+        !(args.group_partitions && args.inbox()),
+        "--group-partitions works with --strategy batch only"
+    );
     let bin = Worker::binary(args.effectively.as_deref())?;
     std::fs::create_dir_all(&args.out)?;
     let explicit = !args.scenarios.is_empty();
@@ -453,22 +462,29 @@ fn worker_config(args: &ChaosArgs, topic: &str, pool_size: usize, processors: us
         processors,
         args.strategy,
         args.inbox_claim,
+        args.group_partitions,
     )
 }
 
 /// A worker config with one cashback consumer named `topic` reading `topic`, of `strategy`
-/// (`processors` and `claim` only matter for the inbox).
+/// (`processors` and `claim` only matter for the inbox, `grouped` for the batch strategy).
 pub(crate) fn consumer_config(
     topic: &str,
     pool_size: usize,
     processors: usize,
     strategy: StrategyArg,
     claim: ClaimArg,
+    grouped: bool,
 ) -> String {
     let mut text = worker_settings(pool_size);
+    let group = if grouped {
+        ", group_partitions = true"
+    } else {
+        ""
+    };
     text.push_str(&format!(
         "[[consumer]]\nname = \"{topic}\"\ntopics = [\"{topic}\"]\nhandler = {{ kind = \"cashback\" }}\n\
-         batch = {{ max_messages = 200 }}\nretry = {{ initial_backoff = \"50ms\", max_backoff = \"1s\" }}\n"
+         batch = {{ max_messages = 200{group} }}\nretry = {{ initial_backoff = \"50ms\", max_backoff = \"1s\" }}\n"
     ));
     if strategy == StrategyArg::Inbox {
         text.push_str(&format!(

@@ -304,7 +304,7 @@ async fn scenario(
     let config = args.out.join(format!("{topic}.toml"));
     std::fs::write(
         &config,
-        consumer_config(&topic, 8, 4, args.strategy, ClaimArg::Lock),
+        consumer_config(&topic, 8, 4, args.strategy, ClaimArg::Lock, false),
     )?;
     let spec = Spec {
         brokers: brokers.clone(),
