@@ -963,7 +963,7 @@ lease = "5m"                # claim = "lease" only: a dead processor's rows wait
 done = "keep"               # or "delete"; kept rows go when retention drops their partition
 
 # Versioned writes: each order's last status, moved only forward (out-of-order and stale copies
-# change nothing; see README "Versioned writes").
+# change nothing; see docs/CONFIGURATION.md, "Versioned writes").
 [[consumer]]
 name = "orders"
 topics = ["order-status"]
