@@ -160,8 +160,9 @@ impl Worker {
             let strategy: Arc<dyn Strategy> = match c.strategy {
                 StrategyKind::Batch => Arc::new(Batched {
                     prefilter,
-                    groups: (c.batch.group_partitions)
-                        .then(|| Arc::new(crate::strategy::group::Groups::new(&c.batch))),
+                    groups: (c.batch.group_partitions).then(|| {
+                        Arc::new(crate::strategy::group::Groups::start(&c.batch, &c.topics))
+                    }),
                 }),
                 StrategyKind::PerMessage => Arc::new(PerMessage { prefilter }),
                 StrategyKind::Inbox => {

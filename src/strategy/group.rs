@@ -24,7 +24,7 @@
 //! group's transaction commits whole or not at all.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -38,11 +38,10 @@ use crate::store::dead_letters::{self, Parked};
 use crate::store::offsets::{self, Move};
 use crate::store::{copy, dedupe};
 
-/// The committers of one consumer, one per topic, started when a topic's first batch arrives.
+/// The committers of one consumer, one per topic.
 pub struct Groups {
-    connections: usize,
     max_records: usize,
-    by_topic: Mutex<HashMap<Arc<str>, mpsc::Sender<Member>>>,
+    by_topic: HashMap<String, mpsc::Sender<Member>>,
 }
 
 /// What the committer answers a partition task.
@@ -60,11 +59,20 @@ struct Member {
 }
 
 impl Groups {
-    pub fn new(cfg: &BatchConfig) -> Groups {
+    /// Starts a committer for each of `topics` (on the current tokio runtime).
+    pub fn start(cfg: &BatchConfig, topics: &[String]) -> Groups {
+        let connections = cfg.group_connections.max(1);
+        let max_records = cfg.group_max_records.max(1);
+        let by_topic = (topics.iter())
+            .map(|topic| {
+                let (tx, rx) = mpsc::channel(1024);
+                tokio::spawn(committer(rx, connections, max_records));
+                (topic.clone(), tx)
+            })
+            .collect();
         Groups {
-            connections: cfg.group_connections.max(1),
-            max_records: cfg.group_max_records.max(1),
-            by_topic: Mutex::new(HashMap::new()),
+            max_records,
+            by_topic,
         }
     }
 
@@ -75,15 +83,8 @@ impl Groups {
 
     /// Hands `batch` to its topic's committer and waits for the answer.
     pub async fn submit(&self, ctx: &PartitionCtx, batch: Batch) -> Result<Reply, BatchError> {
-        let sender = {
-            let mut map = self.by_topic.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(Arc::clone(&ctx.topic))
-                .or_insert_with(|| {
-                    let (tx, rx) = mpsc::channel(1024);
-                    tokio::spawn(committer(rx, self.connections, self.max_records));
-                    tx
-                })
-                .clone()
+        let Some(sender) = self.by_topic.get(&*ctx.topic) else {
+            return Ok(Reply::Alone(batch));
         };
         let (reply, answer) = oneshot::channel();
         let member = Member {

@@ -514,6 +514,10 @@ fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,7 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::db::Db;
 use super::latency::P99_TARGET_MS;
 use super::worker::{resends_only, spec, Launch, Worker};
-use super::{procfs, round1, BenchArgs};
+use super::{procfs, round1, round2, BenchArgs};
 use crate::produce::{Mix, Step};
 use crate::{finish_stage, produce_stage, Session};
 
@@ -274,7 +274,6 @@ async fn one(
     let commits = after.commits - before.commits;
     let batches = after.batches - before.batches;
     let per_msg = |s: f64| round1(s * 1e6 / records.max(1.0));
-    let round2 = |x: f64| (x * 100.0).round() / 100.0;
     let per_commit = |s: f64| round2(s * 1e3 / commits.max(1.0));
     let phase = |i: usize| per_commit(after.phases[i] - before.phases[i]);
     let (pg, cluster) = (

@@ -34,13 +34,15 @@ use crate::{produce_stage, Session};
 /// claim (100 rows a round) at each count, then claims of 1,000 rows: River tuned as its own
 /// benchmark does fetches up to 2,000 jobs a statement, so ours are tuned too.
 const RUNS: [(usize, usize); 6] = [
-    (1, 100),
-    (4, 100),
-    (8, 100),
-    (16, 100),
+    (1, DEFAULT_CLAIM),
+    (4, DEFAULT_CLAIM),
+    (8, DEFAULT_CLAIM),
+    (16, DEFAULT_CLAIM),
     (4, 1000),
     (8, 1000),
 ];
+/// The engine's default `inbox.claim_batch`.
+const DEFAULT_CLAIM: usize = 100;
 
 /// The no-op effect: a statement that reads the staged messages and writes nothing. The SQL
 /// handler is the only one that needs no business table, but it stages every round's payloads
@@ -154,7 +156,7 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
         .expect("at least one processor count");
     let best_rows_s = best.rows_s;
     let best_default_claim = (inbox.iter())
-        .filter(|r| r.claim_batch == 100)
+        .filter(|r| r.claim_batch == DEFAULT_CLAIM)
         .map(|r| r.rows_s)
         .fold(0.0, f64::max);
     let river_best = river_tuned.jobs_s.max(river_default.jobs_s);
