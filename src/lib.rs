@@ -19,8 +19,8 @@
 //!   `/healthz`, `/readyz`.
 //! - [`relay`]: the outbox relay: publishes `outbox` rows to Kafka in order per aggregate.
 //! - [`sender`]: the notification sender: delivers `notifications` to providers with
-//!   idempotency keys; [`provider_stub`] is a provider that honours them as Stripe's API does,
-//!   for tests and the demo.
+//!   idempotency keys (the tests' provider, which honours them as Stripe's API does, is the
+//!   workspace member `provider-stub/`, outside the engine).
 //! - [`operator`]: the operator's way back for parked rows: redrive or discard dead letters,
 //!   replay or discard FAILED inbox rows, retry or discard FAILED notifications, each audited in
 //!   the change's own transaction ([`store::audit`]); [`operator::show`] renders a parked record.
@@ -65,7 +65,6 @@ pub mod inbox;
 pub mod metrics;
 pub mod operator;
 pub mod prefilter;
-pub mod provider_stub;
 pub mod relay;
 pub mod sender;
 pub mod source;

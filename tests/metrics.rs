@@ -461,7 +461,7 @@ async fn set_up() -> Fixture {
     relay.await.unwrap();
 
     // A notification sender in this process, delivering one notification to a provider stub.
-    let stub = effectively::provider_stub::ProviderStub::start("127.0.0.1:0")
+    let stub = provider_stub::ProviderStub::start("127.0.0.1:0")
         .await
         .unwrap();
     let channel = common::unique("metrics-sms");

@@ -254,7 +254,7 @@ async fn two_relays_keep_each_aggregates_order_and_publish_every_row_once() {
 /// intent and one CashbackCredited outbox row per credit, and the sender delivers one SMS each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_full_walk_credits_once_sends_one_sms_and_writes_one_cashback_event() {
-    use effectively::provider_stub::ProviderStub;
+    use provider_stub::ProviderStub;
     let (topic, consumer) = (unique("walk"), unique("walk"));
     let event_type = unique("PaymentSucceeded");
     let channel = unique("sms");

@@ -7,8 +7,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use effectively::provider_stub::{Fault, ProviderStub};
 use effectively::sender::Sender;
+use provider_stub::{Fault, ProviderStub};
 use tokio_util::sync::CancellationToken;
 
 /// A config with only `[database]` and a `[sender]` for one channel at `stub`.

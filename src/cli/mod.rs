@@ -90,13 +90,6 @@ pub enum Command {
         #[arg(long)]
         addr: Option<std::net::SocketAddr>,
     },
-    /// A notification provider stub with Stripe-like idempotency keys (for demos and tests; see
-    /// `src/provider_stub.rs`), until SIGTERM or SIGINT.
-    #[command(hide = true)]
-    ProviderStub {
-        #[arg(long, default_value = "127.0.0.1:8099")]
-        addr: String,
-    },
     /// Apply the schema migrations that the database does not have yet.
     Migrate {
         /// PostgreSQL URL (the password, if any, is never printed). TLS as libpq:
@@ -247,10 +240,6 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Console { config, addr } => {
             let config = Config::load(&config)?;
             crate::console::serve(config, addr, shutdown_signal()).await?;
-            Ok(())
-        }
-        Command::ProviderStub { addr } => {
-            crate::provider_stub::serve(addr, shutdown_signal()).await?;
             Ok(())
         }
         Command::Migrate { database_url } => {

@@ -5,9 +5,10 @@
 //! sender may crash, or its request may time out, between asking the provider to send and
 //! recording that it did. The claim rests on the provider: a retry under the same key must not
 //! send again, and a sender that never heard the answer must be able to ask what became of its
-//! request. This stub is that provider for the tests and the demo. It is a real HTTP server
-//! rather than a mock object, so the sender's timeouts, dropped connections and concurrent
-//! retries happen as they would against the real thing.
+//! request. This stub is that provider for the engine's tests (a dev-dependency of
+//! `effectively`, never part of the engine). It is a real HTTP server rather than a mock
+//! object, so the sender's timeouts, dropped connections and concurrent retries happen as they
+//! would against the real thing.
 //!
 //! # Protocol
 //!
@@ -121,7 +122,7 @@ impl From<FaultSpec> for Fault {
     }
 }
 
-/// Random failures for new keys once the queue of injected faults is empty (the demo's steady
+/// Random failures for new keys once the queue of injected faults is empty (a steady
 /// background of provider errors).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -410,7 +411,7 @@ impl Drop for ProviderStub {
     }
 }
 
-/// Runs a stub on `addr` until `shutdown` resolves (the stub as a process, for the demo).
+/// Runs a stub on `addr` until `shutdown` resolves (the stub as a process: `src/main.rs`).
 pub async fn serve(
     addr: impl ToSocketAddrs,
     shutdown: impl Future<Output = ()> + Send + 'static,

@@ -1,9 +1,9 @@
 //! The provider stub over real HTTP: each rule of Stripe-style idempotency keys, the injected
-//! faults, and the control endpoints the demo uses. No Kafka or PostgreSQL.
+//! faults, and the control endpoints a process run of the stub takes. No Kafka or PostgreSQL.
 
 use std::time::{Duration, Instant};
 
-use effectively::provider_stub::{
+use provider_stub::{
     Fault, FaultRate, Message, ProviderStub, Stats, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
 };
 use reqwest::{Client, StatusCode};
