@@ -282,7 +282,7 @@ pub async fn finish(
     let json = spec.report_dir.join("report.json");
     report::write_json(&report, &json)?;
     if let Some(v) = &via_outbox {
-        // report.rs knows nothing of the outbox: the object goes beside its fields.
+        // report/ knows nothing of the outbox: the object goes beside its fields.
         let mut doc = serde_json::to_value(&report)?;
         doc["via_outbox"] = serde_json::to_value(v)?;
         std::fs::write(&json, serde_json::to_string_pretty(&doc)? + "\n")?;

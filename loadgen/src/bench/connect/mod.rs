@@ -531,7 +531,7 @@ mod tests {
             .iter()
             .map(|f| f["field"].as_str().unwrap())
             .collect();
-        // The fields of produce.rs's payment payload, in any order.
+        // The fields of produce/records.rs's payment payload, in any order.
         let mut want = [
             "event_id",
             "payment_id",
