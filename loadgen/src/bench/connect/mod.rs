@@ -12,9 +12,13 @@
 //! key, headers and payload), each value wrapped in `JsonConverter`'s schema envelope: the
 //! usual way to feed JSON to a JDBC sink without a schema registry. The schema travels in
 //! every record; `connect.value_bytes_per_record` says how much that adds.
+//!
+//! Running the Connect worker's process (its JVM options, properties files, REST status and
+//! consumer group) is in [`standalone`]; this file measures it.
+
+mod standalone;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -27,7 +31,6 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
 
 use super::procfs;
@@ -35,6 +38,7 @@ use super::worker::{resends_only, spec, PARTITIONS};
 use super::BenchArgs;
 use crate::produce::Step;
 use crate::{produce_stage, Session};
+use standalone::{free_port, group_reader, lag, rest_get, tasks_running, write_config, JVM};
 
 const SINK: &str = "io.debezium:debezium-connector-jdbc:3.3.1.Final";
 const RUNTIME: &str = "org.apache.kafka:connect-runtime:4.1.1 (standalone)";
@@ -56,18 +60,6 @@ const CREATE_TABLE: &str =
     "CREATE TABLE {t} (event_id uuid PRIMARY KEY, payment_id text NOT NULL, \
      user_id text NOT NULL, amount_paise bigint NOT NULL, occurred_at timestamptz NOT NULL, \
      loaded_at timestamptz NOT NULL DEFAULT clock_timestamp())";
-/// The JVM options of Kafka's `connect-standalone.sh` (`kafka-run-class.sh`'s defaults).
-const JVM: &[&str] = &[
-    "-Xms256M",
-    "-Xmx2G",
-    "-server",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:InitiatingHeapOccupancyPercent=35",
-    "-XX:+ExplicitGCInvokesConcurrent",
-    "-XX:MaxInlineLevel=15",
-    "-Djava.awt.headless=true",
-];
 
 /// One tuning of the sink: Debezium's `batch.size` and the consumer's `max.poll.records`.
 struct Tuning {
@@ -358,78 +350,6 @@ async fn sink(
     })
 }
 
-/// The worker's, the connector's and log4j2's properties files, in that order.
-#[allow(clippy::too_many_arguments)]
-fn write_config(
-    dir: &Path,
-    brokers: &str,
-    pg: &tokio_postgres::Config,
-    topic: &str,
-    name: &str,
-    table: &str,
-    port: u16,
-    tuning: &Tuning,
-) -> anyhow::Result<[PathBuf; 3]> {
-    let host = match pg.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => bail!("Connect's JDBC driver needs a TCP host in DATABASE_URL"),
-    };
-    let port_pg = pg.get_ports().first().copied().unwrap_or(5432);
-    let user = pg.get_user().unwrap_or("postgres");
-    let password = String::from_utf8_lossy(pg.get_password().unwrap_or_default());
-    // offset.flush.interval.ms: the 10 s of Kafka's own config/connect-standalone.properties.
-    let worker = format!(
-        "bootstrap.servers={brokers}\n\
-         key.converter=org.apache.kafka.connect.storage.StringConverter\n\
-         value.converter=org.apache.kafka.connect.json.JsonConverter\n\
-         value.converter.schemas.enable=true\n\
-         offset.storage.file.filename={offsets}\n\
-         offset.flush.interval.ms=10000\n\
-         listeners=http://127.0.0.1:{port}\n\
-         rest.advertised.host.name=127.0.0.1\n\
-         plugin.discovery=service_load\n\
-         consumer.max.poll.records={poll}\n",
-        offsets = dir.join("connect.offsets").display(),
-        poll = tuning.max_poll_records,
-    );
-    let connector = format!(
-        "name={name}\n\
-         connector.class=io.debezium.connector.jdbc.JdbcSinkConnector\n\
-         tasks.max={PARTITIONS}\n\
-         topics={topic}\n\
-         connection.url=jdbc:postgresql://{host}:{port_pg}/{DATABASE}\n\
-         connection.username={user}\n\
-         connection.password={password}\n\
-         insert.mode=upsert\n\
-         primary.key.mode=record_value\n\
-         primary.key.fields=event_id\n\
-         schema.evolution=none\n\
-         collection.name.format={table}\n\
-         batch.size={batch}\n",
-        batch = tuning.batch_size,
-    );
-    let log4j = format!(
-        "status = warn\n\
-         appender.file.type = File\n\
-         appender.file.name = FILE\n\
-         appender.file.fileName = {}\n\
-         appender.file.layout.type = PatternLayout\n\
-         appender.file.layout.pattern = [%d] %p %m (%c)%n\n\
-         rootLogger.level = INFO\n\
-         rootLogger.appenderRef.file.ref = FILE\n",
-        dir.join("connect.log").display()
-    );
-    let files = [
-        dir.join("worker.properties"),
-        dir.join("sink.properties"),
-        dir.join("log4j2.properties"),
-    ];
-    for (f, text) in files.iter().zip([worker, connector, log4j]) {
-        std::fs::write(f, text)?;
-    }
-    Ok(files)
-}
-
 /// Copies `from` into `to` record by record (same partition, order, key and headers), each
 /// value wrapped in JsonConverter's envelope with [`SCHEMA`]. Returns the records copied and
 /// the value bytes read and written.
@@ -529,77 +449,6 @@ fn highs(brokers: &str, topic: &str) -> anyhow::Result<Vec<i64>> {
         .collect()
 }
 
-/// A client that only reads the committed offsets of Connect's consumer group (`connect-` and
-/// the connector's name); it never joins the group.
-fn group_reader(brokers: &str, connector: &str) -> anyhow::Result<BaseConsumer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("connect-{connector}"))
-        .set("enable.auto.commit", "false")
-        .create()?)
-}
-
-/// Records between the group's committed offsets and the topic's ends.
-fn lag(group: &BaseConsumer, topic: &str, highs: &[i64]) -> anyhow::Result<i64> {
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition(topic, p);
-    }
-    let committed = group.committed_offsets(tpl, Duration::from_secs(5))?;
-    Ok((0..PARTITIONS)
-        .map(|p| {
-            let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
-                Some(Offset::Offset(o)) => o,
-                _ => 0,
-            };
-            (highs[p as usize] - at).max(0)
-        })
-        .sum())
-}
-
-/// How many tasks run; an error with the trace if the connector or a task failed.
-fn tasks_running(status: &serde_json::Value) -> anyhow::Result<usize> {
-    let failed = |s: &serde_json::Value| s["state"] == "FAILED";
-    if failed(&status["connector"]) {
-        bail!(
-            "Connect's connector failed: {}",
-            status["connector"]["trace"]
-        );
-    }
-    let tasks = status["tasks"].as_array().cloned().unwrap_or_default();
-    if let Some(t) = tasks.iter().find(|t| failed(t)) {
-        let trace = t["trace"].as_str().unwrap_or("");
-        bail!(
-            "Connect's task {} failed: {}",
-            t["id"],
-            &trace[..trace.len().min(2000)]
-        );
-    }
-    Ok(tasks.iter().filter(|t| t["state"] == "RUNNING").count())
-}
-
-/// A GET of Connect's REST API on the loopback: one request, HTTP/1.0, the JSON body.
-async fn rest_get(port: u16, path: &str) -> anyhow::Result<serde_json::Value> {
-    let request = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        anyhow::Ok(String::from_utf8_lossy(&buf).into_owned())
-    };
-    let text = tokio::time::timeout(Duration::from_secs(5), request).await??;
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("an HTTP answer without a body")?;
-    ensure!(
-        head.split_whitespace().nth(1) == Some("200"),
-        "GET {path}: {}",
-        head.lines().next().unwrap_or("")
-    );
-    Ok(serde_json::from_str(body)?)
-}
-
 /// What differs between the table and the payments: missing, unexpected and wrong amounts
 /// (the first ten), the counts and the amounts' sums.
 async fn check(
@@ -665,12 +514,6 @@ async fn delete_topics(brokers: &str, topics: &[&str]) {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
@@ -688,7 +531,7 @@ mod tests {
             .iter()
             .map(|f| f["field"].as_str().unwrap())
             .collect();
-        // The fields of produce.rs's payment payload, in any order.
+        // The fields of produce/records.rs's payment payload, in any order.
         let mut want = [
             "event_id",
             "payment_id",
@@ -700,16 +543,5 @@ mod tests {
         want.sort_unstable();
         got.sort_unstable();
         assert_eq!(got, want);
-    }
-
-    #[test]
-    fn a_failed_task_is_an_error_with_its_trace() {
-        let running = serde_json::json!({"connector": {"state": "RUNNING"},
-            "tasks": [{"id": 0, "state": "RUNNING"}, {"id": 1, "state": "UNASSIGNED"}]});
-        assert_eq!(tasks_running(&running).unwrap(), 1);
-        let failed = serde_json::json!({"connector": {"state": "RUNNING"},
-            "tasks": [{"id": 3, "state": "FAILED", "trace": "boom"}]});
-        let e = tasks_running(&failed).unwrap_err().to_string();
-        assert!(e.contains("task 3") && e.contains("boom"), "{e}");
     }
 }
