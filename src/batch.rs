@@ -1,11 +1,14 @@
 //! Records as the engine holds them between the Kafka source and a strategy: the raw record
 //! (kept whole, so a parked message keeps its exact key, headers and bytes) and what decoding
-//! made of it.
+//! made of it; and what a processed batch amounted to ([`Outcome`], [`Phases`]), which the
+//! strategies return and [`crate::metrics`] and [`crate::stats`] count.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::config::ConsumerConfig;
-use crate::envelope::{check_window, Decoder, Envelope, RawRecord, Rejection};
+use crate::envelope::{check_window, Decoder, Envelope, RawRecord, Reason, Rejection};
 use crate::handler::Handler;
 use crate::store::dead_letters::Parked;
 
@@ -179,5 +182,71 @@ impl Batch {
     /// The offset the partition resumes at once this batch is applied.
     pub fn next_offset(&self) -> Option<i64> {
         self.records.last().map(|r| r.raw.offset + 1)
+    }
+}
+
+/// Time spent in each phase of the batch transactions (summed over a batch's transactions).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Getting a connection, `BEGIN` and the fenced offset update.
+    pub fence: Duration,
+    /// Binary `COPY` into the staging table.
+    pub stage: Duration,
+    /// The dedupe insert.
+    pub dedupe: Duration,
+    /// The handler.
+    pub effect: Duration,
+    /// `COMMIT`.
+    pub commit: Duration,
+}
+
+impl Phases {
+    pub fn add(&mut self, o: &Phases) {
+        self.fence += o.fence;
+        self.stage += o.stage;
+        self.dedupe += o.dedupe;
+        self.effect += o.effect;
+        self.commit += o.commit;
+    }
+}
+
+/// What a processed batch amounted to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub records: u64,
+    /// Messages whose dedupe key was new.
+    pub fresh: u64,
+    /// Effects the handler applied.
+    pub effects: u64,
+    /// Copies whose dedupe key existed already (or repeated inside the batch), the pre-filter's
+    /// hits among them.
+    pub duplicates: u64,
+    /// Copies the Redis pre-filter knew as committed: skipped before the transaction's dedupe.
+    pub prefilter_hits: u64,
+    /// Fresh messages whose effect existed under a business key (a double tap).
+    pub business_duplicates: u64,
+    pub parked: Vec<Reason>,
+    /// Transactions rolled back and tried again.
+    pub retries: u64,
+    /// PostgreSQL commits.
+    pub commits: u64,
+    pub phases: Phases,
+    /// Under `[consumer.version]`: events acked without applying them, and held gaps.
+    pub versions: crate::version::Skipped,
+}
+
+impl Outcome {
+    pub fn add(&mut self, other: Outcome) {
+        self.records += other.records;
+        self.fresh += other.fresh;
+        self.effects += other.effects;
+        self.duplicates += other.duplicates;
+        self.prefilter_hits += other.prefilter_hits;
+        self.business_duplicates += other.business_duplicates;
+        self.parked.extend(other.parked);
+        self.retries += other.retries;
+        self.commits += other.commits;
+        self.phases.add(&other.phases);
+        self.versions.add(&other.versions);
     }
 }

@@ -14,7 +14,7 @@ use metrics::{
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::strategy::Outcome;
+use crate::batch::Outcome;
 
 pub const E2E_LATENCY: &str = "effectively_e2e_latency_seconds";
 pub const BATCH_SIZE: &str = "effectively_batch_size_records";
@@ -660,14 +660,14 @@ pub fn outbox_backlog(rows: i64, oldest_s: f64) {
 
 /// Publishes a sender channel's counters at 0, so that `increase()` sees the first outcome.
 pub fn notification_channel(channel: &str) {
-    for o in crate::sender::Outcome::ALL {
+    for o in NotificationOutcome::ALL {
         counter!(NOTIFICATIONS, "channel" => channel.to_string(), "outcome" => o.as_str())
             .increment(0);
     }
 }
 
 /// One notification's recorded outcome.
-pub fn notification(channel: &str, outcome: crate::sender::Outcome) {
+pub fn notification(channel: &str, outcome: NotificationOutcome) {
     counter!(NOTIFICATIONS, "channel" => channel.to_string(), "outcome" => outcome.as_str())
         .increment(1);
 }
@@ -683,6 +683,61 @@ pub fn notifications_status(channel: &str, pending: i64, sending: i64, failed: i
             .set(n as f64);
     }
     gauge!(NOTIFICATION_OLDEST_AGE, "channel" => channel.to_string()).set(oldest_s);
+}
+
+/// How a notification's delivery went ([`crate::sender`]), as counted in
+/// `effectively_notifications_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotificationOutcome {
+    /// The provider performed it now.
+    Sent,
+    /// The provider answered from its record: it had performed it before.
+    Replayed,
+    /// An interrupted send or an ambiguous failure, found sent by asking the provider.
+    Reconciled,
+    Retried,
+    Failed,
+    Skipped,
+}
+
+impl NotificationOutcome {
+    pub const ALL: [NotificationOutcome; 6] = [
+        NotificationOutcome::Sent,
+        NotificationOutcome::Replayed,
+        NotificationOutcome::Reconciled,
+        NotificationOutcome::Retried,
+        NotificationOutcome::Failed,
+        NotificationOutcome::Skipped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotificationOutcome::Sent => "sent",
+            NotificationOutcome::Replayed => "replayed",
+            NotificationOutcome::Reconciled => "reconciled",
+            NotificationOutcome::Retried => "retried",
+            NotificationOutcome::Failed => "failed",
+            NotificationOutcome::Skipped => "skipped",
+        }
+    }
+}
+
+/// A pre-filter round trip to Redis, or what failed ([`crate::prefilter`]), for the metrics and the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefilterOp {
+    Lookup,
+    Set,
+    Connect,
+}
+
+impl PrefilterOp {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefilterOp::Lookup => "lookup",
+            PrefilterOp::Set => "set",
+            PrefilterOp::Connect => "connect",
+        }
+    }
 }
 
 /// The pre-filter's series of one consumer, resolved once (every batch moves them).
@@ -745,15 +800,15 @@ impl PrefilterMetrics {
         self.set_error.increment(keys);
     }
 
-    pub fn round_trip(&self, op: crate::prefilter::Op, took: Duration) {
+    pub fn round_trip(&self, op: PrefilterOp, took: Duration) {
         match op {
-            crate::prefilter::Op::Lookup => self.lookup_seconds.record(took.as_secs_f64()),
-            crate::prefilter::Op::Set => self.set_seconds.record(took.as_secs_f64()),
-            crate::prefilter::Op::Connect => {}
+            PrefilterOp::Lookup => self.lookup_seconds.record(took.as_secs_f64()),
+            PrefilterOp::Set => self.set_seconds.record(took.as_secs_f64()),
+            PrefilterOp::Connect => {}
         }
     }
 
-    pub fn failed(&self, op: crate::prefilter::Op, timeout: bool) {
+    pub fn failed(&self, op: PrefilterOp, timeout: bool) {
         let kind = if timeout { "timeout" } else { "error" };
         counter!(PREFILTER_ERRORS, "consumer" => self.consumer.clone(), "op" => op.as_str(), "kind" => kind)
             .increment(1);

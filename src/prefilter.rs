@@ -40,7 +40,7 @@ use redis::aio::MultiplexedConnection;
 use uuid::Uuid;
 
 use crate::config::{PrefilterConfig, Ttl};
-use crate::metrics::PrefilterMetrics;
+use crate::metrics::{PrefilterMetrics, PrefilterOp as Op};
 
 /// A dedupe key: the consumer is the pre-filter's own.
 pub type Key = (Uuid, NaiveDate);
@@ -132,24 +132,6 @@ impl State {
         }
         self.last_warned = Some(now);
         Some(std::mem::take(&mut self.unwarned) + 1)
-    }
-}
-
-/// What failed, for the metrics and the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    Lookup,
-    Set,
-    Connect,
-}
-
-impl Op {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Op::Lookup => "lookup",
-            Op::Set => "set",
-            Op::Connect => "connect",
-        }
     }
 }
 

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ChannelConfig, Config, DatabaseConfig, OnInterrupted, SenderConfig};
 use crate::health::Health;
+use crate::metrics::NotificationOutcome as Outcome;
 use crate::store::notifications::{self, Claimed, Finish};
 use crate::store::{pool, StoreError};
 
@@ -49,42 +50,6 @@ pub enum SenderError {
 impl From<deadpool_postgres::PoolError> for SenderError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         SenderError::Store(e.into())
-    }
-}
-
-/// How a delivery went, as counted in `effectively_notifications_total{outcome}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The provider performed it now.
-    Sent,
-    /// The provider answered from its record: it had performed it before.
-    Replayed,
-    /// An interrupted send or an ambiguous failure, found sent by asking the provider.
-    Reconciled,
-    Retried,
-    Failed,
-    Skipped,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 6] = [
-        Outcome::Sent,
-        Outcome::Replayed,
-        Outcome::Reconciled,
-        Outcome::Retried,
-        Outcome::Failed,
-        Outcome::Skipped,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Sent => "sent",
-            Outcome::Replayed => "replayed",
-            Outcome::Reconciled => "reconciled",
-            Outcome::Retried => "retried",
-            Outcome::Failed => "failed",
-            Outcome::Skipped => "skipped",
-        }
     }
 }
 

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use crate::strategy::Outcome;
+use crate::batch::Outcome;
+use crate::store::offsets::End;
 
 /// Counters of one consumer.
 #[derive(Debug, Default)]
@@ -34,7 +35,7 @@ pub struct Stats {
     /// Partitions held (not consumed) because their stored offset is outside the log, with
     /// the end it is past and the epoch of the claim that found it
     /// (`on_offset_out_of_range = "stop"`).
-    out_of_range: Mutex<BTreeMap<(String, i32), (crate::source::range::End, i64)>>,
+    out_of_range: Mutex<BTreeMap<(String, i32), (End, i64)>>,
 }
 
 /// A copy of the counters at one moment.
@@ -144,12 +145,7 @@ impl Stats {
 
     /// The partition is held (`Some`: its stored offset is past that end of the log, found by
     /// the claim of that epoch) or not (`None`).
-    pub fn out_of_range(
-        &self,
-        topic: &str,
-        partition: i32,
-        held: Option<(crate::source::range::End, i64)>,
-    ) {
+    pub fn out_of_range(&self, topic: &str, partition: i32, held: Option<(End, i64)>) {
         let mut map = self.out_of_range.lock().unwrap_or_else(|p| p.into_inner());
         let key = (topic.to_string(), partition);
         match held {
@@ -160,7 +156,7 @@ impl Stats {
 
     /// The partitions this worker holds because their stored offset is outside the log, with
     /// the end and the claim's epoch.
-    pub fn held_out_of_range(&self) -> BTreeMap<(String, i32), (crate::source::range::End, i64)> {
+    pub fn held_out_of_range(&self) -> BTreeMap<(String, i32), (End, i64)> {
         self.out_of_range
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -1,7 +1,13 @@
-//! The Kafka side: group membership and rebalances ([`consumer`]), and one task per assigned
-//! partition that batches records and hands them to the strategy ([`partition`]).
+//! The Kafka side: group membership and rebalances ([`consumer`], the coordinator, and
+//! [`context`], librdkafka's callbacks that hand it the rebalances), one task per assigned
+//! partition that batches records and hands them to the strategy ([`partition`]), and a stored
+//! offset outside the partition's log ([`range`]).
+//!
+//! Each file uses only the ones listed after it: `consumer` → `partition` → `range` →
+//! `context`.
 
 pub mod consumer;
+pub mod context;
 pub mod partition;
 pub mod range;
 

@@ -7,21 +7,24 @@
 //! After each PostgreSQL commit the offset is stored for librdkafka's background commit.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, RebalanceProtocol, StreamConsumer};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use super::consumer::RebalanceContext;
-use super::range;
+use super::context::RebalanceContext;
+use super::range::{
+    self, check, decide, store_move, watermarks, what_a_seek_does, Action, STOP_ACTIONS,
+};
 use crate::batch::{Batch, Raw, Record};
-use crate::config::{BatchConfig, ConsumerConfig};
+use crate::config::{BatchConfig, ConsumerConfig, OffsetReset};
 use crate::envelope::Decoder;
 use crate::metrics::{self, PartitionMetrics};
 use crate::stats::Stats;
+use crate::store::offsets::{End, Move, Refusal};
 use crate::strategy::{BatchError, PartitionCtx, Strategy};
 
 pub type PartitionQueue =
@@ -63,12 +66,12 @@ impl PartitionTask {
     pub async fn run(mut self) -> Exit {
         let cancel = self.ctx.cancel.clone();
         // Stopped by the claim: its stored offset is outside the log.
-        if let Some(exit) = range::at_start(&mut self).await {
+        if let Some(exit) = at_start(&mut self).await {
             return exit;
         }
         loop {
             // The last batch is committed: where librdkafka could not fetch on from it.
-            if let Some(exit) = range::after_reset_error(&mut self).await {
+            if let Some(exit) = after_reset_error(&mut self).await {
                 return exit;
             }
             let mut batch = match self.next_batch(&cancel).await {
@@ -221,5 +224,237 @@ impl PartitionTask {
             today,
         );
         batch.push(record);
+    }
+}
+
+// What a task does when its partition's stored offset is outside the log (see [`range`]).
+
+/// After an out-of-range error whose cause could not be established (the watermarks could
+/// not be read, or show the position inside the log), how long before fetching there again.
+const RETRY_FETCH_AFTER: Duration = Duration::from_secs(1);
+
+/// At a partition task's start: `Some` (the task's exit) when the claim left the partition
+/// stopped, after holding it until the task is cancelled; `None` to consume.
+async fn at_start(task: &mut PartitionTask) -> Option<Exit> {
+    let (c, t, p) = (&task.ctx.consumer, &task.ctx.topic, task.ctx.partition);
+    let held = task
+        .stats
+        .held_out_of_range()
+        .get(&(t.to_string(), p))
+        .copied();
+    match held {
+        Some((end, epoch)) if epoch == task.ctx.epoch => Some(hold(task, Some(end)).await),
+        _ => {
+            crate::metrics::offset_range(c, t, p, None);
+            None
+        }
+    }
+}
+
+/// Consumes nothing of the partition until the task is cancelled (revoked, or the worker
+/// stopping), with the gauge at 1. Its queue is read and dropped: with `auto.offset.reset =
+/// error` librdkafka stops fetching the partition at its first out-of-range fetch, and what it
+/// fetched before (or after the log grew past the stored offset) is never applied and never
+/// moves the stored offset.
+async fn hold(task: &PartitionTask, end: Option<End>) -> Exit {
+    let (c, t, p, epoch) = (
+        Arc::clone(&task.ctx.consumer),
+        Arc::clone(&task.ctx.topic),
+        task.ctx.partition,
+        task.ctx.epoch,
+    );
+    if let Some(end) = end {
+        task.stats.out_of_range(&t, p, Some((end, epoch)));
+        crate::metrics::offset_range(&c, &t, p, Some(end.as_str()));
+    }
+    // Cleared when the task ends, however it ends (aborted too), unless a newer claim of the
+    // partition marked it since.
+    struct Clear {
+        stats: Arc<crate::stats::Stats>,
+        key: (Arc<str>, Arc<str>, i32, i64),
+    }
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            let (c, t, p, epoch) = &self.key;
+            let ours = self
+                .stats
+                .held_out_of_range()
+                .get(&(t.to_string(), *p))
+                .is_some_and(|(_, e)| e == epoch);
+            if ours {
+                self.stats.out_of_range(t, *p, None);
+                crate::metrics::offset_range(c, t, *p, None);
+            }
+        }
+    }
+    let _clear = Clear {
+        stats: Arc::clone(&task.stats),
+        key: (c, t, p, epoch),
+    };
+    let cancel = task.ctx.cancel.clone();
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Exit::Stopped,
+            m = task.queue.recv() => drop(m),
+        }
+    }
+}
+
+/// After librdkafka reported the task's fetch position out of range: reads the watermarks,
+/// applies the policy and fetches again from where it says (`None`: consume on), or holds the
+/// partition (`Some`: the task's exit). librdkafka stopped fetching the partition, and a
+/// stopped partition cannot be seeked (`ERR__STATE`): it is taken out of the assignment and
+/// put back at the new position (its split queue stays split). Under an eager assignor that
+/// would restart every partition, so the partition is held instead, and the policy applies
+/// when it is next claimed.
+async fn after_reset_error(task: &mut PartitionTask) -> Option<Exit> {
+    if !task.out_of_range.take() {
+        return None;
+    }
+    let cancel = task.ctx.cancel.clone();
+    let (c, t, p) = (
+        Arc::clone(&task.ctx.consumer),
+        Arc::clone(&task.ctx.topic),
+        task.ctx.partition,
+    );
+    if !matches!(
+        task.consumer.rebalance_protocol(),
+        RebalanceProtocol::Cooperative
+    ) {
+        return Some(eager(task).await);
+    }
+    let Some(position) = task.next_offset else {
+        // Never stored: placed by auto_offset_reset, and that placement is in the log.
+        let offset = match task.config.auto_offset_reset {
+            OffsetReset::Earliest => Offset::Beginning,
+            OffsetReset::Latest => Offset::End,
+        };
+        tracing::warn!(consumer = %c, topic = %t, partition = p,
+            "fetch out of range before anything was stored: placing the partition by auto_offset_reset again");
+        return refetch(task, offset).err();
+    };
+    let log = match watermarks(&task.consumer, &t, p).await {
+        Ok(log) => log,
+        Err(e) => {
+            tracing::warn!(consumer = %c, topic = %t, partition = p, position, error = %e,
+                "librdkafka found the fetch position outside the log, and the watermarks cannot be read: fetching there again in 1 s");
+            return again(task, position, &cancel).await;
+        }
+    };
+    let Some(out) = check(position, log) else {
+        tracing::warn!(consumer = %c, topic = %t, partition = p, position, low = log.low, high = log.high,
+            "librdkafka found the fetch position outside the log, but it is inside now: fetching there again in 1 s");
+        return again(task, position, &cancel).await;
+    };
+    let policy = task.config.on_offset_out_of_range;
+    let to = match decide(policy, &out) {
+        Action::Seek(to) => to,
+        Action::Stop => {
+            tracing::error!(consumer = %c, topic = %t, partition = p, position, low = log.low, high = log.high,
+                "consumer {c}, {t}/{p}: {}; {STOP_ACTIONS}", out.sentence());
+            return Some(hold(task, Some(out.end)).await);
+        }
+    };
+    let mv = Move {
+        epoch: task.ctx.epoch,
+        from: Some(position),
+        to,
+    };
+    let key = (&*c, &*t, p);
+    match store_move(&task.ctx.pool, &task.ctx.retry, key, mv, &cancel).await {
+        None => Some(Exit::Stopped),
+        Some(Err(Refusal::Fenced { .. })) => {
+            task.stats.fenced();
+            crate::metrics::fenced(&c, &t, p);
+            tracing::warn!(consumer = %c, topic = %t, partition = p, epoch = task.ctx.epoch,
+                "fenced: another worker claimed this partition before its out-of-range reset was stored");
+            Some(Exit::Fenced)
+        }
+        Some(Err(refusal)) => {
+            tracing::error!(consumer = %c, topic = %t, partition = p, ?refusal,
+                "the stored offset is not where this worker left it: claiming the partition again");
+            Some(Exit::WentBack)
+        }
+        Some(Ok(())) => {
+            tracing::warn!(consumer = %c, topic = %t, partition = p, position, low = log.low, high = log.high,
+                "consumer {c}, {t}/{p}: {}; on_offset_out_of_range = \"{}\": {}",
+                out.sentence(), policy.as_str(), what_a_seek_does(policy, &out, to));
+            task.next_offset = Some(to);
+            task.stats.committed_offset(&t, p, to);
+            task.stats.offset_reset();
+            crate::metrics::offset_range_reset(&c, &t, p, out.end.as_str());
+            refetch(task, Offset::Offset(to)).err()
+        }
+    }
+}
+
+/// Under an eager assignor: librdkafka stopped fetching the partition, and restarting one
+/// partition's fetch would take `assign()`, which replaces every partition's position. The
+/// partition is held (the gauge shows the end when the watermarks say which), and a restart of
+/// the worker applies the policy at the claim, before the assignment.
+async fn eager(task: &mut PartitionTask) -> Exit {
+    let (c, t, p) = (&task.ctx.consumer, &task.ctx.topic, task.ctx.partition);
+    let out = match task.next_offset {
+        Some(position) => watermarks(&task.consumer, t, p)
+            .await
+            .ok()
+            .and_then(|log| check(position, log)),
+        None => None,
+    };
+    let what = out.map_or_else(
+        || "librdkafka found the fetch position outside the log".to_string(),
+        |o| o.sentence(),
+    );
+    tracing::error!(consumer = %c, topic = %t, partition = p, position = ?task.next_offset,
+        "consumer {c}, {t}/{p}: {what}; under an eager assignor one partition's fetch cannot be restarted: \
+         not consuming the partition until it is claimed again (restart the worker; on_offset_out_of_range applies then)");
+    hold(task, out.map(|o| o.end)).await
+}
+
+/// Waits [`RETRY_FETCH_AFTER`] (or the cancel), then fetches at `position` again.
+async fn again(
+    task: &mut PartitionTask,
+    position: i64,
+    cancel: &CancellationToken,
+) -> Option<Exit> {
+    tokio::select! {
+        _ = cancel.cancelled() => return Some(Exit::Stopped),
+        _ = tokio::time::sleep(RETRY_FETCH_AFTER) => {}
+    }
+    refetch(task, Offset::Offset(position)).err()
+}
+
+/// Restarts the partition's fetcher at `offset` (cooperative protocol only): out of the
+/// assignment and back in. `Err` (the task's exit) when it cannot: the partition was revoked
+/// meanwhile, or librdkafka refused.
+///
+/// Called outside the rebalance callback. A rebalance of this member that librdkafka started
+/// but whose callback has not run yet can take these two calls for the application's answer
+/// to it; the partitions then change hands a little early, which the epoch fence covers as it
+/// covers any zombie.
+fn refetch(task: &PartitionTask, offset: Offset) -> Result<(), Exit> {
+    let (t, p) = (&*task.ctx.topic, task.ctx.partition);
+    if task.ctx.cancel.is_cancelled() {
+        return Err(Exit::Stopped);
+    }
+    let mut out = TopicPartitionList::new();
+    out.add_partition(t, p);
+    let mut back = TopicPartitionList::new();
+    let restarted = back
+        .add_partition_offset(t, p, offset)
+        .and_then(|()| task.consumer.incremental_unassign(&out))
+        .and_then(|()| task.consumer.incremental_assign(&back));
+    match restarted {
+        Ok(()) => {
+            tracing::info!(consumer = %task.ctx.consumer, topic = t, partition = p, ?offset,
+                "partition fetch restarted");
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(consumer = %task.ctx.consumer, topic = t, partition = p, ?offset, error = %e,
+                "could not restart the partition's fetch: leaving it unread until it is claimed again");
+            Err(Exit::Stopped)
+        }
     }
 }

@@ -27,17 +27,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{Consumer, RebalanceProtocol, StreamConsumer};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use tokio_util::sync::CancellationToken;
 
-use super::consumer::{RebalanceContext, Source};
-use super::partition::{Exit, PartitionTask};
-use crate::config::{OffsetReset, OutOfRange, RetryConfig};
+use super::context::{RebalanceContext, TopicPartition};
+use crate::config::{ConsumerConfig, OutOfRange, RetryConfig};
+use crate::stats::Stats;
+pub use crate::store::offsets::End;
 use crate::store::offsets::{self, Claim, Move, Refusal};
 use crate::store::StoreError;
-
-type TopicPartition = (String, i32);
 
 /// The longest one watermark query waits for the partition's leader.
 pub const WATERMARKS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,32 +43,11 @@ pub const WATERMARKS_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest the fenced move of a reset waits for PostgreSQL, per attempt.
 const MOVE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// After an out-of-range error whose cause could not be established (the watermarks could
-/// not be read, or show the position inside the log), how long before fetching there again.
-const RETRY_FETCH_AFTER: Duration = Duration::from_secs(1);
-
 /// A partition's log: its first offset and one past its last (the high watermark).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Log {
     pub low: i64,
     pub high: i64,
-}
-
-/// Which end of the log a stored offset is past.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum End {
-    Above,
-    Below,
-}
-
-impl End {
-    /// The `end` label.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            End::Above => "above",
-            End::Below => "below",
-        }
-    }
 }
 
 /// A stored offset outside the log.
@@ -148,7 +125,8 @@ pub fn what_a_seek_does(policy: OutOfRange, out: &Outside, to: i64) -> String {
 }
 
 /// What the operator can do about a stopped partition.
-const STOP_ACTIONS: &str = "not consuming the partition (on_offset_out_of_range = \"stop\"): \
+pub(super) const STOP_ACTIONS: &str =
+    "not consuming the partition (on_offset_out_of_range = \"stop\"): \
      set consumer_offsets.next_offset to an offset inside the log, or set \
      on_offset_out_of_range to \"earliest\" or \"latest\", then restart the worker \
      (docs/OPERATIONS.md#offset-out-of-range)";
@@ -173,7 +151,7 @@ pub async fn watermarks(
 /// Stores `to` as the partition's offset if this worker still holds `epoch` and the row still
 /// says `from` (the fenced move a batch makes, without records). Retries while PostgreSQL is
 /// unavailable; `None` when `cancel` fires first.
-async fn store_move(
+pub(super) async fn store_move(
     pool: &deadpool_postgres::Pool,
     retry: &RetryConfig,
     (consumer, topic, partition): (&str, &str, i32),
@@ -224,13 +202,15 @@ async fn store_move(
 /// would without this check (librdkafka then reports an offset outside the log as an error,
 /// handled by [`after_reset_error`]).
 pub(super) async fn at_claim(
-    source: &Source,
+    config: &ConsumerConfig,
+    pool: &deadpool_postgres::Pool,
+    stats: &Stats,
     consumer: &Arc<StreamConsumer<RebalanceContext>>,
     mut claims: Vec<(TopicPartition, Claim)>,
     shutdown: &CancellationToken,
 ) -> Vec<(TopicPartition, Claim)> {
-    let name = source.config.name.as_str();
-    let policy = source.config.on_offset_out_of_range;
+    let name = config.name.as_str();
+    let policy = config.on_offset_out_of_range;
     let queries = claims
         .iter()
         .filter(|(_, c)| c.next_offset.is_some())
@@ -241,7 +221,7 @@ pub(super) async fn at_claim(
         .collect();
     for (tp, claim) in &mut claims {
         let (topic, partition) = (tp.0.as_str(), tp.1);
-        source.stats.out_of_range(topic, partition, None);
+        stats.out_of_range(topic, partition, None);
         let (Some(stored), Some(log)) = (claim.next_offset, logs.get(tp)) else {
             continue;
         };
@@ -260,9 +240,7 @@ pub(super) async fn at_claim(
             Action::Stop => {
                 tracing::error!(consumer = %name, topic, partition, stored, low = log.low, high = log.high,
                     "consumer {name}, {topic}/{partition}: {}; {STOP_ACTIONS}", out.sentence());
-                source
-                    .stats
-                    .out_of_range(topic, partition, Some((out.end, claim.epoch)));
+                stats.out_of_range(topic, partition, Some((out.end, claim.epoch)));
             }
             Action::Seek(to) => {
                 let mv = Move {
@@ -271,14 +249,14 @@ pub(super) async fn at_claim(
                     to,
                 };
                 let key = (name, topic, partition);
-                match store_move(&source.pool, &source.config.retry, key, mv, shutdown).await {
+                match store_move(pool, &config.retry, key, mv, shutdown).await {
                     None => {}
                     Some(Ok(())) => {
                         tracing::warn!(consumer = %name, topic, partition, stored, low = log.low, high = log.high,
                             "consumer {name}, {topic}/{partition}: {}; on_offset_out_of_range = \"{}\": {}",
                             out.sentence(), policy.as_str(), what_a_seek_does(policy, &out, to));
                         claim.next_offset = Some(to);
-                        source.stats.offset_reset();
+                        stats.offset_reset();
                         crate::metrics::offset_range_reset(
                             name,
                             topic,
@@ -309,7 +287,7 @@ impl Seen {
         self.0.store(true, Ordering::Relaxed);
     }
 
-    fn take(&self) -> bool {
+    pub(super) fn take(&self) -> bool {
         self.0.swap(false, Ordering::Relaxed)
     }
 }
@@ -322,232 +300,6 @@ pub fn is_out_of_range(e: &rdkafka::error::KafkaError) -> bool {
             rdkafka::types::RDKafkaErrorCode::AutoOffsetReset
         )
     )
-}
-
-/// At a partition task's start: `Some` (the task's exit) when the claim left the partition
-/// stopped, after holding it until the task is cancelled; `None` to consume.
-pub(super) async fn at_start(task: &mut PartitionTask) -> Option<Exit> {
-    let (c, t, p) = (&task.ctx.consumer, &task.ctx.topic, task.ctx.partition);
-    let held = task
-        .stats
-        .held_out_of_range()
-        .get(&(t.to_string(), p))
-        .copied();
-    match held {
-        Some((end, epoch)) if epoch == task.ctx.epoch => Some(hold(task, Some(end)).await),
-        _ => {
-            crate::metrics::offset_range(c, t, p, None);
-            None
-        }
-    }
-}
-
-/// Consumes nothing of the partition until the task is cancelled (revoked, or the worker
-/// stopping), with the gauge at 1. Its queue is read and dropped: with `auto.offset.reset =
-/// error` librdkafka stops fetching the partition at its first out-of-range fetch, and what it
-/// fetched before (or after the log grew past the stored offset) is never applied and never
-/// moves the stored offset.
-async fn hold(task: &PartitionTask, end: Option<End>) -> Exit {
-    let (c, t, p, epoch) = (
-        Arc::clone(&task.ctx.consumer),
-        Arc::clone(&task.ctx.topic),
-        task.ctx.partition,
-        task.ctx.epoch,
-    );
-    if let Some(end) = end {
-        task.stats.out_of_range(&t, p, Some((end, epoch)));
-        crate::metrics::offset_range(&c, &t, p, Some(end.as_str()));
-    }
-    // Cleared when the task ends, however it ends (aborted too), unless a newer claim of the
-    // partition marked it since.
-    struct Clear {
-        stats: Arc<crate::stats::Stats>,
-        key: (Arc<str>, Arc<str>, i32, i64),
-    }
-    impl Drop for Clear {
-        fn drop(&mut self) {
-            let (c, t, p, epoch) = &self.key;
-            let ours = self
-                .stats
-                .held_out_of_range()
-                .get(&(t.to_string(), *p))
-                .is_some_and(|(_, e)| e == epoch);
-            if ours {
-                self.stats.out_of_range(t, *p, None);
-                crate::metrics::offset_range(c, t, *p, None);
-            }
-        }
-    }
-    let _clear = Clear {
-        stats: Arc::clone(&task.stats),
-        key: (c, t, p, epoch),
-    };
-    let cancel = task.ctx.cancel.clone();
-    loop {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return Exit::Stopped,
-            m = task.queue.recv() => drop(m),
-        }
-    }
-}
-
-/// After librdkafka reported the task's fetch position out of range: reads the watermarks,
-/// applies the policy and fetches again from where it says (`None`: consume on), or holds the
-/// partition (`Some`: the task's exit). librdkafka stopped fetching the partition, and a
-/// stopped partition cannot be seeked (`ERR__STATE`): it is taken out of the assignment and
-/// put back at the new position (its split queue stays split). Under an eager assignor that
-/// would restart every partition, so the partition is held instead, and the policy applies
-/// when it is next claimed.
-pub(super) async fn after_reset_error(task: &mut PartitionTask) -> Option<Exit> {
-    if !task.out_of_range.take() {
-        return None;
-    }
-    let cancel = task.ctx.cancel.clone();
-    let (c, t, p) = (
-        Arc::clone(&task.ctx.consumer),
-        Arc::clone(&task.ctx.topic),
-        task.ctx.partition,
-    );
-    if !matches!(
-        task.consumer.rebalance_protocol(),
-        RebalanceProtocol::Cooperative
-    ) {
-        return Some(eager(task).await);
-    }
-    let Some(position) = task.next_offset else {
-        // Never stored: placed by auto_offset_reset, and that placement is in the log.
-        let offset = match task.config.auto_offset_reset {
-            OffsetReset::Earliest => Offset::Beginning,
-            OffsetReset::Latest => Offset::End,
-        };
-        tracing::warn!(consumer = %c, topic = %t, partition = p,
-            "fetch out of range before anything was stored: placing the partition by auto_offset_reset again");
-        return refetch(task, offset).err();
-    };
-    let log = match watermarks(&task.consumer, &t, p).await {
-        Ok(log) => log,
-        Err(e) => {
-            tracing::warn!(consumer = %c, topic = %t, partition = p, position, error = %e,
-                "librdkafka found the fetch position outside the log, and the watermarks cannot be read: fetching there again in 1 s");
-            return again(task, position, &cancel).await;
-        }
-    };
-    let Some(out) = check(position, log) else {
-        tracing::warn!(consumer = %c, topic = %t, partition = p, position, low = log.low, high = log.high,
-            "librdkafka found the fetch position outside the log, but it is inside now: fetching there again in 1 s");
-        return again(task, position, &cancel).await;
-    };
-    let policy = task.config.on_offset_out_of_range;
-    let to = match decide(policy, &out) {
-        Action::Seek(to) => to,
-        Action::Stop => {
-            tracing::error!(consumer = %c, topic = %t, partition = p, position, low = log.low, high = log.high,
-                "consumer {c}, {t}/{p}: {}; {STOP_ACTIONS}", out.sentence());
-            return Some(hold(task, Some(out.end)).await);
-        }
-    };
-    let mv = Move {
-        epoch: task.ctx.epoch,
-        from: Some(position),
-        to,
-    };
-    let key = (&*c, &*t, p);
-    match store_move(&task.ctx.pool, &task.ctx.retry, key, mv, &cancel).await {
-        None => Some(Exit::Stopped),
-        Some(Err(Refusal::Fenced { .. })) => {
-            task.stats.fenced();
-            crate::metrics::fenced(&c, &t, p);
-            tracing::warn!(consumer = %c, topic = %t, partition = p, epoch = task.ctx.epoch,
-                "fenced: another worker claimed this partition before its out-of-range reset was stored");
-            Some(Exit::Fenced)
-        }
-        Some(Err(refusal)) => {
-            tracing::error!(consumer = %c, topic = %t, partition = p, ?refusal,
-                "the stored offset is not where this worker left it: claiming the partition again");
-            Some(Exit::WentBack)
-        }
-        Some(Ok(())) => {
-            tracing::warn!(consumer = %c, topic = %t, partition = p, position, low = log.low, high = log.high,
-                "consumer {c}, {t}/{p}: {}; on_offset_out_of_range = \"{}\": {}",
-                out.sentence(), policy.as_str(), what_a_seek_does(policy, &out, to));
-            task.next_offset = Some(to);
-            task.stats.committed_offset(&t, p, to);
-            task.stats.offset_reset();
-            crate::metrics::offset_range_reset(&c, &t, p, out.end.as_str());
-            refetch(task, Offset::Offset(to)).err()
-        }
-    }
-}
-
-/// Under an eager assignor: librdkafka stopped fetching the partition, and restarting one
-/// partition's fetch would take `assign()`, which replaces every partition's position. The
-/// partition is held (the gauge shows the end when the watermarks say which), and a restart of
-/// the worker applies the policy at the claim, before the assignment.
-async fn eager(task: &mut PartitionTask) -> Exit {
-    let (c, t, p) = (&task.ctx.consumer, &task.ctx.topic, task.ctx.partition);
-    let out = match task.next_offset {
-        Some(position) => watermarks(&task.consumer, t, p)
-            .await
-            .ok()
-            .and_then(|log| check(position, log)),
-        None => None,
-    };
-    let what = out.map_or_else(
-        || "librdkafka found the fetch position outside the log".to_string(),
-        |o| o.sentence(),
-    );
-    tracing::error!(consumer = %c, topic = %t, partition = p, position = ?task.next_offset,
-        "consumer {c}, {t}/{p}: {what}; under an eager assignor one partition's fetch cannot be restarted: \
-         not consuming the partition until it is claimed again (restart the worker; on_offset_out_of_range applies then)");
-    hold(task, out.map(|o| o.end)).await
-}
-
-/// Waits [`RETRY_FETCH_AFTER`] (or the cancel), then fetches at `position` again.
-async fn again(
-    task: &mut PartitionTask,
-    position: i64,
-    cancel: &CancellationToken,
-) -> Option<Exit> {
-    tokio::select! {
-        _ = cancel.cancelled() => return Some(Exit::Stopped),
-        _ = tokio::time::sleep(RETRY_FETCH_AFTER) => {}
-    }
-    refetch(task, Offset::Offset(position)).err()
-}
-
-/// Restarts the partition's fetcher at `offset` (cooperative protocol only): out of the
-/// assignment and back in. `Err` (the task's exit) when it cannot: the partition was revoked
-/// meanwhile, or librdkafka refused.
-///
-/// Called outside the rebalance callback. A rebalance of this member that librdkafka started
-/// but whose callback has not run yet can take these two calls for the application's answer
-/// to it; the partitions then change hands a little early, which the epoch fence covers as it
-/// covers any zombie.
-fn refetch(task: &PartitionTask, offset: Offset) -> Result<(), Exit> {
-    let (t, p) = (&*task.ctx.topic, task.ctx.partition);
-    if task.ctx.cancel.is_cancelled() {
-        return Err(Exit::Stopped);
-    }
-    let mut out = TopicPartitionList::new();
-    out.add_partition(t, p);
-    let mut back = TopicPartitionList::new();
-    let restarted = back
-        .add_partition_offset(t, p, offset)
-        .and_then(|()| task.consumer.incremental_unassign(&out))
-        .and_then(|()| task.consumer.incremental_assign(&back));
-    match restarted {
-        Ok(()) => {
-            tracing::info!(consumer = %task.ctx.consumer, topic = t, partition = p, ?offset,
-                "partition fetch restarted");
-            Ok(())
-        }
-        Err(e) => {
-            tracing::error!(consumer = %task.ctx.consumer, topic = t, partition = p, ?offset, error = %e,
-                "could not restart the partition's fetch: leaving it unread until it is claimed again");
-            Err(Exit::Stopped)
-        }
-    }
 }
 
 #[cfg(test)]

@@ -147,6 +147,23 @@ pub async fn advance_many(
         .collect())
 }
 
+/// Which end of the partition's log a stored offset is past ([`crate::source::range`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum End {
+    Above,
+    Below,
+}
+
+impl End {
+    /// The `end` label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            End::Above => "above",
+            End::Below => "below",
+        }
+    }
+}
+
 /// Why an [`advance`] matched no row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {

@@ -19,9 +19,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::Batch;
 use crate::config::RetryConfig;
-use crate::envelope::Reason;
 use crate::handler::{Handler, HandlerError};
 use crate::store::{ErrorClass, StoreError};
+
+/// What a batch amounted to: [`crate::batch`] owns the types, so [`crate::metrics`] and
+/// [`crate::stats`] read them without depending on the strategies.
+pub use crate::batch::{Outcome, Phases};
 
 /// Everything a strategy needs to know about the partition it works for.
 #[derive(Clone)]
@@ -44,72 +47,6 @@ pub struct PartitionCtx {
     pub version: Option<Arc<crate::config::VersionConfig>>,
     /// The longest one transaction attempt may wait for PostgreSQL (`database.transaction_deadline`).
     pub deadline: Duration,
-}
-
-/// Time spent in each phase of the batch transactions (summed over a batch's transactions).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Phases {
-    /// Getting a connection, `BEGIN` and the fenced offset update.
-    pub fence: Duration,
-    /// Binary `COPY` into the staging table.
-    pub stage: Duration,
-    /// The dedupe insert.
-    pub dedupe: Duration,
-    /// The handler.
-    pub effect: Duration,
-    /// `COMMIT`.
-    pub commit: Duration,
-}
-
-impl Phases {
-    pub fn add(&mut self, o: &Phases) {
-        self.fence += o.fence;
-        self.stage += o.stage;
-        self.dedupe += o.dedupe;
-        self.effect += o.effect;
-        self.commit += o.commit;
-    }
-}
-
-/// What a processed batch amounted to.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Outcome {
-    pub records: u64,
-    /// Messages whose dedupe key was new.
-    pub fresh: u64,
-    /// Effects the handler applied.
-    pub effects: u64,
-    /// Copies whose dedupe key existed already (or repeated inside the batch), the pre-filter's
-    /// hits among them.
-    pub duplicates: u64,
-    /// Copies the Redis pre-filter knew as committed: skipped before the transaction's dedupe.
-    pub prefilter_hits: u64,
-    /// Fresh messages whose effect existed under a business key (a double tap).
-    pub business_duplicates: u64,
-    pub parked: Vec<Reason>,
-    /// Transactions rolled back and tried again.
-    pub retries: u64,
-    /// PostgreSQL commits.
-    pub commits: u64,
-    pub phases: Phases,
-    /// Under `[consumer.version]`: events acked without applying them, and held gaps.
-    pub versions: crate::version::Skipped,
-}
-
-impl Outcome {
-    pub fn add(&mut self, other: Outcome) {
-        self.records += other.records;
-        self.fresh += other.fresh;
-        self.effects += other.effects;
-        self.duplicates += other.duplicates;
-        self.prefilter_hits += other.prefilter_hits;
-        self.business_duplicates += other.business_duplicates;
-        self.parked.extend(other.parked);
-        self.retries += other.retries;
-        self.commits += other.commits;
-        self.phases.add(&other.phases);
-        self.versions.add(&other.versions);
-    }
 }
 
 /// Why a batch stopped without committing all of it. Whatever committed before the error was
