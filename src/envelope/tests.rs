@@ -1,0 +1,236 @@
+//! Decoding's unit tests: ids, event dates, the window and every rejection.
+
+use super::*;
+use EventDateSource as D;
+use Reason as R;
+
+const DAY: u64 = 86_400;
+/// 2023-11-14T22:13:20Z.
+const SECS: u64 = 1_700_000_000;
+
+fn v7() -> Uuid {
+    Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, SECS, 0))
+}
+
+fn date(s: &str) -> NaiveDate {
+    NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap()
+}
+
+fn by_header(date_src: D, needs_json: bool) -> Decoder {
+    let id = MessageIdSource::Header("event_id".into());
+    Decoder::new(&id, &date_src, 1024, needs_json)
+}
+
+fn by_pointer() -> Decoder {
+    Decoder::new(
+        &MessageIdSource::JsonPointer("/id".into()),
+        &D::Auto,
+        1024,
+        false,
+    )
+}
+
+fn raw<'a>(headers: &'a [(&'a str, Option<&'a [u8]>)], body: Option<&'a [u8]>) -> RawRecord<'a> {
+    let (partition, offset, timestamp_ms) = (3, 42, Some(1_700_000_000_000));
+    let key = Some(&b"k1"[..]);
+    RawRecord {
+        partition,
+        offset,
+        timestamp_ms,
+        key,
+        payload: body,
+        headers,
+    }
+}
+
+/// Decodes `body` with an `event_id` header holding `id` (no header when None).
+fn decode(d: &Decoder, id: Option<&str>, body: &[u8]) -> Result<Envelope, Rejection> {
+    let headers = id.map(|id| [("event_id", Some(id.as_bytes()))]);
+    d.decode(&raw(headers.as_ref().map_or(&[], |h| &h[..]), Some(body)))
+}
+
+fn why(d: &Decoder, id: Option<&str>, body: &[u8]) -> Reason {
+    decode(d, id, body).unwrap_err().reason
+}
+
+#[test]
+fn header_id_ok() {
+    let (id, other) = (v7(), Uuid::new_v4().to_string());
+    let text = format!("  {}\n", id.simple());
+    let headers = [
+        ("event_id", Some(other.as_bytes())),
+        ("trace", Some(&b"x"[..])),
+        ("event_id", Some(text.as_bytes())),
+    ];
+    let d = by_header(D::Uuid7, false);
+    let env = d.decode(&raw(&headers, Some(b"opaque"))).unwrap();
+    assert_eq!(env.message_id, id, "last header wins, whitespace trimmed");
+    assert_eq!(env.event_date, date("2023-11-14"));
+    assert_eq!(env.kafka_ts.unwrap().timestamp_millis(), 1_700_000_000_000);
+    assert!(env.json.is_none(), "nothing needed the body");
+    assert_eq!(env.size, 2 + 6 + (8 + 36) + (5 + 1) + (8 + text.len()));
+    assert_eq!(
+        (env.partition, env.offset, &env.payload[..]),
+        (3, 42, &b"opaque"[..])
+    );
+    let mut negative = raw(&headers, Some(b"x"));
+    negative.timestamp_ms = Some(-1);
+    assert_eq!(d.decode(&negative).unwrap().kafka_ts, None);
+}
+
+#[test]
+fn header_missing_or_invalid() {
+    let d = by_header(D::Auto, false);
+    assert_eq!(why(&d, None, b"x"), R::MissingEventId);
+    let null = [("event_id", None)];
+    assert_eq!(
+        d.decode(&raw(&null, Some(b"x"))).unwrap_err().reason,
+        R::MissingEventId
+    );
+    let r = decode(&d, Some(&"z".repeat(200)), b"x").unwrap_err();
+    assert_eq!((r.reason, r.message_id), (R::InvalidEventId, None));
+    assert!(r.detail.contains("event_id") && r.detail.contains(&"z".repeat(64)));
+    assert!(!r.detail.contains(&"z".repeat(65)), "{}", r.detail);
+    assert_eq!(
+        why(&d, Some(&Uuid::nil().to_string()), b"x"),
+        R::InvalidEventId
+    );
+    assert_eq!(
+        why(&d, Some(&v7().urn().to_string()), b"x"),
+        R::InvalidEventId
+    );
+}
+
+#[test]
+fn pointer_id() {
+    let (d, id) = (by_pointer(), v7());
+    let env = decode(&d, None, format!(r#"{{"id":"{id}"}}"#).as_bytes()).unwrap();
+    assert_eq!(env.message_id, id);
+    assert!(env.json.is_some());
+    assert_eq!(why(&d, None, br#"{"x":1}"#), R::MissingEventId);
+    assert_eq!(why(&d, None, br#"{"id":17}"#), R::InvalidEventId);
+    assert_eq!(why(&d, None, br#"{"id":"x"}"#), R::InvalidEventId);
+    assert_eq!(why(&d, None, b"[1]"), R::UndecodablePayload);
+}
+
+#[test]
+fn undecodable_json() {
+    let r = decode(&by_pointer(), None, b"{\"id\": ").unwrap_err();
+    assert_eq!(r.reason, R::UndecodablePayload);
+    assert!(
+        r.detail.starts_with("payload is not valid JSON"),
+        "{}",
+        r.detail
+    );
+    let id = v7().to_string();
+    assert_eq!(
+        why(&by_header(D::Uuid7, true), Some(&id), b"text"),
+        R::UndecodablePayload
+    );
+    let auto = by_header(D::Auto, false);
+    assert_eq!(why(&auto, Some(&id), b" {broken"), R::UndecodablePayload);
+}
+
+#[test]
+fn oversized_and_empty() {
+    let (d, id) = (by_header(D::Uuid7, false), v7());
+    let (text, big) = (id.to_string(), vec![b'a'; 1025]);
+    let r = decode(&d, Some(&text), &big).unwrap_err();
+    assert_eq!((r.reason, r.message_id), (R::OversizedPayload, Some(id)));
+    assert_eq!(r.detail, "payload of 1025 bytes exceeds the limit of 1024");
+    assert!(decode(&d, Some(&text), &big[..1024]).is_ok());
+    assert_eq!(why(&d, Some(&text), b""), R::EmptyPayload);
+    let headers = [("event_id", Some(text.as_bytes()))];
+    assert_eq!(
+        d.decode(&raw(&headers, None)).unwrap_err().reason,
+        R::EmptyPayload
+    );
+}
+
+#[test]
+fn auto_date_sources() {
+    let (d, id) = (by_header(D::Auto, false), v7().to_string());
+    let body = br#" {"occurred_at":"2024-03-01T23:30:00-02:00"}"#;
+    let env = decode(&d, Some(&id), body).unwrap();
+    assert_eq!(
+        env.event_date,
+        date("2024-03-02"),
+        "occurred_at wins, in UTC"
+    );
+    for body in [&br#"{"a":1}"#[..], b"\x00bin", br#"{"occurred_at":null}"#] {
+        let env = decode(&d, Some(&id), body).unwrap();
+        assert_eq!(
+            env.event_date,
+            date("2023-11-14"),
+            "falls back to the UUIDv7"
+        );
+    }
+    let v4 = Uuid::new_v4();
+    let r = decode(&d, Some(&v4.to_string()), br#"{"a":1}"#).unwrap_err();
+    assert_eq!((r.reason, r.message_id), (R::NoEventDate, Some(v4)));
+    let (strict, dated) = (
+        by_header(D::Uuid7, false),
+        br#"{"occurred_at":"2024-03-01T00:00:00Z"}"#,
+    );
+    assert_eq!(why(&strict, Some(&v4.to_string()), dated), R::NoEventDate);
+    for bad in [
+        &br#"{"occurred_at":"yesterday"}"#[..],
+        br#"{"occurred_at":17}"#,
+    ] {
+        assert_eq!(why(&d, Some(&id), bad), R::InvalidEventDate);
+    }
+}
+
+#[test]
+fn pointer_date_accepts_plain_date() {
+    let d = by_header(D::JsonPointer("/meta/day".into()), false);
+    let id = Uuid::new_v4().to_string();
+    let env = decode(&d, Some(&id), br#"{"meta":{"day":"2024-02-29"}}"#).unwrap();
+    assert_eq!(env.event_date, date("2024-02-29"));
+    let bad = br#"{"meta":{"day":"2024-02-30"}}"#;
+    assert_eq!(why(&d, Some(&id), bad), R::InvalidEventDate);
+    assert_eq!(why(&d, Some(&id), b"{}"), R::NoEventDate);
+}
+
+#[test]
+fn check_window_boundaries() {
+    let today = date("2024-06-30");
+    let check = |day, ret, tol| check_window(date(day), today, ret, tol).map_err(|r| r.reason);
+    let ret = Duration::from_secs(30 * DAY + 3600); // rounds down to 30 days
+    let tol = Duration::from_secs(3600); // rounds up to 1 day
+    assert_eq!(check("2024-05-31", ret, tol), Ok(()));
+    assert_eq!(check("2024-05-30", ret, tol), Err(R::OlderThanRetention));
+    assert_eq!(check("2024-07-01", ret, tol), Ok(()));
+    assert_eq!(check("2024-07-02", ret, tol), Err(R::FutureEventDate));
+    // Zero tolerance allows today at most; a sub-day retention still keeps yesterday.
+    let zero = Duration::ZERO;
+    assert_eq!(check("2024-06-30", zero, zero), Ok(()));
+    assert_eq!(check("2024-06-29", zero, zero), Ok(()));
+    assert_eq!(check("2024-06-28", zero, zero), Err(R::OlderThanRetention));
+    assert_eq!(check("2024-07-01", zero, zero), Err(R::FutureEventDate));
+}
+
+#[test]
+fn redelivery_gives_same_key() {
+    let (d, id) = (by_header(D::Auto, false), v7().to_string());
+    let headers = [("event_id", Some(id.as_bytes()))];
+    for body in [&br#"{"occurred_at":"2024-01-01T10:00:00Z"}"#[..], b"opaque"] {
+        let first = d.decode(&raw(&headers, Some(body))).unwrap();
+        let mut again = raw(&headers, Some(body));
+        (again.offset, again.timestamp_ms) = (9_000, Some(1_900_000_000_000));
+        let second = d.decode(&again).unwrap();
+        let key = |e: &Envelope| (e.message_id, e.event_date);
+        assert_eq!(key(&first), key(&second));
+        assert_ne!(first.kafka_ts, second.kafka_ts);
+    }
+}
+
+#[test]
+fn reasons_are_stable_and_distinct() {
+    let codes: std::collections::HashSet<_> = R::ALL.iter().map(R::as_str).collect();
+    assert_eq!(codes.len(), 12);
+    assert_eq!(R::RetriesExhausted.as_str(), "retries_exhausted");
+    let r = Rejection::new(R::MissingField, "no amount");
+    assert_eq!(r.to_string(), "missing_field: no amount");
+    assert_eq!(uuid7_date(&Uuid::new_v4()), None);
+}
