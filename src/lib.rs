@@ -7,10 +7,12 @@
 //!
 //! # Layout
 //!
-//! Each module uses only the ones listed below it.
+//! Each module uses only the ones listed below it (`tests/layers.rs` checks it: no import
+//! circle). The README's "Where to find what" names every file.
 //!
 //! - [`cli`]: the command line (`effectively run | relay | send | console | migrate |
 //!   check-config | inbox | dead-letters | notifications | retention`).
+//! - [`ceiling`]: the SQL ceiling benchmark (the batch transaction without Kafka).
 //! - [`console`]: the web console: server-rendered pages of lag, parked messages, the inbox,
 //!   the outbox and notifications, and the operator's actions behind typed confirmations; its
 //!   read-only queries in [`store::browse`].
@@ -27,30 +29,37 @@
 //! - [`inbox`]: the inbox strategy's processors ([`inbox::processor`]: claim with `SKIP
 //!   LOCKED` or a lease, apply, retry, park) and its status and replay ([`inbox::admin`]).
 //! - [`source`]: Kafka group membership and rebalances ([`source::consumer`]: claim and seek
-//!   on assignment, drain on revocation), one task per partition that batches
-//!   ([`source::partition`]).
+//!   on assignment, drain on revocation; [`source::context`]: librdkafka's callbacks), one task
+//!   per partition that batches ([`source::partition`]), a stored offset outside the log
+//!   ([`source::range`]).
 //! - [`strategy`]: what a batch does to the database: [`strategy::batched`] (the default, one
-//!   transaction per batch), [`strategy::per_message`] (the seed's idempotent consumer) and
-//!   [`strategy::inbox`] (the inbox's receiver: store, commit, ack).
+//!   transaction per batch; [`strategy::group`]: several partitions' batches in one),
+//!   [`strategy::per_message`] (the seed's idempotent consumer) and [`strategy::inbox`] (the
+//!   inbox's receiver: store, commit, ack).
 //! - [`prefilter`]: the optional Redis pre-filter the batch and per-message strategies consult
 //!   before their transaction and feed after `COMMIT` (never the authority: any Redis failure
 //!   falls through to PostgreSQL).
-//! - [`handler`]: the effect: the trait, [`handler::cashback`], [`handler::sql`].
+//! - [`stats`]: in-process counters per consumer (what tests and the demo read).
+//! - [`metrics`]: every Prometheus metric, its description, and one function per event that
+//!   moves it; it owns its label types, so the modules that report to it stay above it.
+//! - [`batch`]: records between the source and a strategy, and what a batch amounted to
+//!   ([`batch::Outcome`]).
+//! - [`handler`]: the effect: the trait, [`handler::cashback`], [`handler::sql`],
+//!   [`handler::order_status`].
+//! - [`health`]: liveness (every loop's heartbeat) and readiness (the database probe, group
+//!   membership, drains, failovers), fed by [`source`], [`inbox`], [`worker`], [`relay`] and
+//!   [`sender`]; it imports none of them.
 //! - [`store`]: every SQL statement, each function taking the caller's transaction: offsets
 //!   and fencing ([`store::offsets`]), staging by `COPY` ([`store::copy`]), the dedupe insert
 //!   ([`store::dedupe`]), daily partitions ([`store::partitions`]), dead letters
 //!   ([`store::dead_letters`]), what waits for an operator ([`store::parked`]), the audit of
 //!   operator actions ([`store::audit`]), the inbox table ([`store::inbox`]), versions
 //!   ([`store::versions`]), the outbox ([`store::outbox`]) and notifications
-//!   ([`store::notifications`]), migrations
-//!   ([`store::migrate`]).
+//!   ([`store::notifications`]), migrations ([`store::migrate`]).
 //! - [`version`]: versioned writes, which of a batch's events each aggregate can take and in
 //!   what rounds (pure; `[consumer.version]`).
-//! - [`batch`], [`envelope`] (decoding a record: message id, event date, rejections),
-//!   [`config`], [`stats`], [`metrics`] (every Prometheus metric and the event that moves it); [`ceiling`], the SQL ceiling benchmark.
-//! - [`health`]: liveness (every loop's heartbeat) and readiness (the database probe, group
-//!   membership, drains, failovers), fed by [`source`], [`inbox`], [`worker`], [`relay`] and
-//!   [`sender`]; it imports none of them.
+//! - [`envelope`]: decoding a record: message id, event date, rejections.
+//! - [`config`]: the typed configuration, one file per section, and its checks.
 
 pub mod batch;
 pub mod ceiling;

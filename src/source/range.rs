@@ -17,9 +17,9 @@
 //!
 //! Where: at the **claim** ([`at_claim`], before the assignment: the partition is assigned at
 //! the position decided here), and **while consuming**, when librdkafka reports
-//! `RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET` on the partition's queue ([`after_reset_error`]:
-//! the fetch at the task's position was out of range, and librdkafka stopped fetching the
-//! partition). A partition with no stored offset is not checked: `auto_offset_reset` places it
+//! `RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET` on the partition's queue (the partition task's
+//! `after_reset_error`, in [`super::partition`]: the fetch at the task's position was out of
+//! range, and librdkafka stopped fetching the partition). A partition with no stored offset is not checked: `auto_offset_reset` places it
 //! (Beginning or End, always inside the log).
 
 use std::collections::HashMap;
@@ -200,7 +200,7 @@ pub(super) async fn store_move(
 /// `stop` marks the partition in [`crate::stats::Stats`] for its task, which then consumes
 /// nothing. A partition whose watermarks cannot be read starts at its stored offset, as it
 /// would without this check (librdkafka then reports an offset outside the log as an error,
-/// handled by [`after_reset_error`]).
+/// handled by the partition task, [`super::partition`]).
 pub(super) async fn at_claim(
     config: &ConsumerConfig,
     pool: &deadpool_postgres::Pool,
