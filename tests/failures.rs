@@ -165,13 +165,7 @@ async fn every_kind_of_bad_input_is_parked_with_its_reason_and_bytes() {
     let total = records.len() as i64;
     send_records(&common::producer(), &topic, &records).await;
 
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "max_payload_bytes = 1000",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "max_payload_bytes = 1000").await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
     eventually(60, "every record processed", || {

@@ -77,13 +77,7 @@ async fn many_partitions_share_transactions_and_the_ledger_is_exact() {
     common::send_raw(&producer, &topic, Some(7), &[(None, b"not json".to_vec())]).await;
 
     let db = common::pg().await;
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        GROUPED,
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, GROUPED).await;
     let stats = worker.stats(&consumer).unwrap();
     wait_credits(&db, &consumer, unique.len() as i64).await;
     common::wait_records(&stats, sent.len() as u64 + 1, 60).await;

@@ -122,13 +122,7 @@ async fn a_redrive_applies_a_fixed_message_once_and_a_crash_half_way_doubles_not
     common::send_raw(&common::producer(), &topic, Some(0), &records).await;
 
     // A payload limit too small for the big payment: it is parked as oversized.
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "max_payload_bytes = 400",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "max_payload_bytes = 400").await;
     eventually(60, "all three records read", || async {
         common::stored_offset(&db, &consumer, &topic, 0).await == Some(3)
     })
@@ -195,13 +189,7 @@ async fn a_redrive_applies_a_fixed_message_once_and_a_crash_half_way_doubles_not
     assert_eq!(resolution(&db, big_id).await.0, None);
 
     // The fix: the limit is lifted. A worker with the default limit runs from here on.
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "").await;
 
     // A redrive that dies after the broker took the copy and before the mark: the row stays
     // parked, no audit row; the copy is applied once.
@@ -393,13 +381,7 @@ async fn failed_inbox_rows_are_replayed_once_or_discarded_with_an_audit_row() {
         ],
     );
     assert_eq!(dry.trim(), "would replay 2 FAILED inbox row(s)");
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        inbox,
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, inbox).await;
     let out = ok(
         &cfg,
         &[

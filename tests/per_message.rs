@@ -32,13 +32,7 @@ async fn three_copies_of_one_event_credit_once() {
     )
     .await;
 
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        PER_MESSAGE,
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, PER_MESSAGE).await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
     common::wait_records(&stats, 4, 60).await;

@@ -139,17 +139,13 @@ async fn a_relay_that_dies_after_publishing_republishes_and_the_consumer_credits
     assert_eq!(records_on(&topic, 2), 40, "every event twice on the topic");
 
     // Downstream, the consumer dedupes on the event id the relay put in the header.
-    let worker = start(config_for(&consumer, &topic)).await;
+    let worker = start_cashback(&consumer, &topic, "").await;
     let stats = worker.stats(&consumer).unwrap();
     wait_records(&stats, 40, 60).await;
     worker.stop().await.unwrap();
     let l = ledger(&db, &consumer).await;
     assert_eq!(l.credits, 20, "one credit per payment");
     assert!(doubly_credited(&db, &consumer).await.is_empty());
-}
-
-fn config_for(consumer: &str, topic: &str) -> effectively::config::Config {
-    config(consumer, topic, r#"{ kind = "cashback" }"#, "")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

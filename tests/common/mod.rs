@@ -179,6 +179,12 @@ pub async fn start_with(config: Config, registry: Registry) -> Worker {
         .expect("worker starts")
 }
 
+/// Starts one worker running the 2% cashback handler for `consumer` on `topic`; `extra` as in
+/// [`config`].
+pub async fn start_cashback(consumer: &str, topic: &str, extra: &str) -> Worker {
+    start(config(consumer, topic, r#"{ kind = "cashback" }"#, extra)).await
+}
+
 /// A `PaymentSucceeded` event as loadgen would produce it.
 #[derive(Debug, Clone)]
 pub struct Payment {
