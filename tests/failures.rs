@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, ledger, Fault, Faulty, Payment};
+use common::{eventually, ledger, Fault, Payment};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
@@ -252,17 +252,8 @@ async fn a_handler_failing_transiently_once_applies_every_effect_exactly_once() 
     let payments: Vec<Payment> = (1..=10).map(|i| Payment::new(&user, i * 10_000)).collect();
     common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
 
-    let flaky = Faulty::new(Fault::TransientOnce);
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "flaky" }"#,
-            FAST_RETRY,
-        ),
-        Faulty::registry(&flaky, "flaky"),
-    )
-    .await;
+    let (flaky, worker) =
+        common::start_faulty(&consumer, &topic, Fault::TransientOnce, "flaky", FAST_RETRY).await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
     eventually(60, "10 payments credited", || {
@@ -387,15 +378,12 @@ async fn a_message_that_always_fails_is_parked_after_its_attempts_and_the_batch_
     let (payments, poison) = with_poison(&user);
     common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
 
-    let handler = Faulty::new(Fault::TransientOnAmount(666));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "poisoned" }"#,
-            FAST_RETRY,
-        ),
-        Faulty::registry(&handler, "poisoned"),
+    let (handler, worker) = common::start_faulty(
+        &consumer,
+        &topic,
+        Fault::TransientOnAmount(666),
+        "poisoned",
+        FAST_RETRY,
     )
     .await;
     let stats = worker.stats(&consumer).unwrap();
@@ -438,15 +426,12 @@ async fn a_message_the_handler_rejects_is_parked_and_the_rest_applied() {
     let (payments, poison) = with_poison(&user);
     common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
 
-    let handler = Faulty::new(Fault::RejectAmount(666));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "picky" }"#,
-            FAST_RETRY,
-        ),
-        Faulty::registry(&handler, "picky"),
+    let (_handler, worker) = common::start_faulty(
+        &consumer,
+        &topic,
+        Fault::RejectAmount(666),
+        "picky",
+        FAST_RETRY,
     )
     .await;
     let stats = worker.stats(&consumer).unwrap();

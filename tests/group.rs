@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, ledger, Fault, Faulty, Payment};
+use common::{eventually, ledger, Fault, Payment};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 const GROUPED: &str =
@@ -132,15 +132,12 @@ async fn a_failing_group_sends_each_batch_back_to_its_own_transaction() {
     let producer = common::producer();
     send_spread(&producer, &topic, &payments, |i| (i % 8) as i32).await;
 
-    let handler = Faulty::new(Fault::RejectAmount(666));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "picky" }"#,
-            GROUPED,
-        ),
-        Faulty::registry(&handler, "picky"),
+    let (handler, worker) = common::start_faulty(
+        &consumer,
+        &topic,
+        Fault::RejectAmount(666),
+        "picky",
+        GROUPED,
     )
     .await;
     let stats = worker.stats(&consumer).unwrap();

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{eventually, ledger, Fault, Faulty, Payment};
+use common::{eventually, ledger, Fault, Payment};
 
 /// A config file for the CLI: the consumer's name and topic; the stack's addresses come from
 /// the environment.
@@ -321,15 +321,12 @@ async fn failed_inbox_rows_are_replayed_once_or_discarded_with_an_audit_row() {
 
     // A handler that refuses 130.00 payments: they end FAILED (a permanent error).
     let inbox = "strategy = \"inbox\"\n[consumer.inbox]\nprocessors = 1";
-    let faulty = Faulty::new(Fault::RejectAmount(13_000));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "faulty" }"#,
-            inbox,
-        ),
-        Faulty::registry(&faulty, "faulty"),
+    let (_faulty, worker) = common::start_faulty(
+        &consumer,
+        &topic,
+        Fault::RejectAmount(13_000),
+        "faulty",
+        inbox,
     )
     .await;
     let failed = || async {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{eventually, ledger, Fault, Faulty, Payment};
+use common::{eventually, ledger, Fault, Payment};
 use std::sync::atomic::Ordering;
 
 const PER_MESSAGE: &str = r#"strategy = "per-message""#;
@@ -70,15 +70,12 @@ async fn a_handler_failing_transiently_once_applies_every_effect_exactly_once() 
     let payments: Vec<Payment> = (1..=10).map(|i| Payment::new(&user, i * 10_000)).collect();
     common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
 
-    let flaky = Faulty::new(Fault::TransientOnce);
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "flaky" }"#,
-            &per_message_fast_retry(),
-        ),
-        Faulty::registry(&flaky, "flaky"),
+    let (flaky, worker) = common::start_faulty(
+        &consumer,
+        &topic,
+        Fault::TransientOnce,
+        "flaky",
+        &per_message_fast_retry(),
     )
     .await;
     let stats = worker.stats(&consumer).unwrap();
@@ -122,15 +119,12 @@ async fn a_message_that_always_fails_is_parked_and_the_others_applied() {
     let poison = &payments[10];
     common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
 
-    let handler = Faulty::new(Fault::TransientOnAmount(666));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "poisoned" }"#,
-            &per_message_fast_retry(),
-        ),
-        Faulty::registry(&handler, "poisoned"),
+    let (handler, worker) = common::start_faulty(
+        &consumer,
+        &topic,
+        Fault::TransientOnAmount(666),
+        "poisoned",
+        &per_message_fast_retry(),
     )
     .await;
     let stats = worker.stats(&consumer).unwrap();

@@ -373,6 +373,29 @@ impl Faulty {
     }
 }
 
+/// Starts one worker running a new [`Faulty`] with `fault` as the custom handler `name` for
+/// `consumer` on `topic`; `extra` as in [`config`].
+pub async fn start_faulty(
+    consumer: &str,
+    topic: &str,
+    fault: Fault,
+    name: &str,
+    extra: &str,
+) -> (std::sync::Arc<Faulty>, Worker) {
+    let handler = Faulty::new(fault);
+    let worker = start_with(
+        config(
+            consumer,
+            topic,
+            &format!(r#"{{ kind = "custom", name = "{name}" }}"#),
+            extra,
+        ),
+        Faulty::registry(&handler, name),
+    )
+    .await;
+    (handler, worker)
+}
+
 fn amount_of(msg: &Envelope) -> Option<i64> {
     msg.json.as_ref()?.get("amount_paise")?.as_i64()
 }
