@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::poison::{start_poisoned, with_poison, Poisoned};
 use common::{eventually, ledger, Fault, Payment};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -293,15 +294,6 @@ async fn a_handler_failing_transiently_once_applies_every_effect_exactly_once() 
     worker.stop().await.unwrap();
 }
 
-/// 20 payments on one partition, produced before the worker starts so they form one batch, the
-/// 11th with the poison amount 666.
-fn with_poison(user: &str) -> (Vec<Payment>, usize) {
-    let payments: Vec<Payment> = (0..20)
-        .map(|i| Payment::new(user, if i == 10 { 666 } else { 10_000 + i * 100 }))
-        .collect();
-    (payments, 10)
-}
-
 /// Waits until `consumer` has processed `n` records, and checks that every payment but the
 /// poison is credited exactly once and the poison left no dedupe key.
 async fn assert_all_but_poison_applied(
@@ -371,23 +363,22 @@ async fn assert_poison_parked(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_always_fails_is_parked_after_its_attempts_and_the_batch_applied() {
-    let topic = common::unique("poison");
-    let consumer = common::unique("rewards");
-    common::create_topic(&topic, 1).await;
-    let user = common::unique("u");
-    let (payments, poison) = with_poison(&user);
-    common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
-
-    let (handler, worker) = common::start_faulty(
-        &consumer,
-        &topic,
+    let Poisoned {
+        topic,
+        consumer,
+        payments,
+        poison,
+        handler,
+        worker,
+        stats,
+        db,
+    } = start_poisoned(
+        "poison",
         Fault::TransientOnAmount(666),
         "poisoned",
         FAST_RETRY,
     )
     .await;
-    let stats = worker.stats(&consumer).unwrap();
-    let db = common::pg().await;
     common::wait_records(&stats, 20, 60).await;
 
     assert_all_but_poison_applied(&db, &consumer, &payments, poison).await;
@@ -419,23 +410,16 @@ async fn a_message_that_always_fails_is_parked_after_its_attempts_and_the_batch_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_the_handler_rejects_is_parked_and_the_rest_applied() {
-    let topic = common::unique("reject");
-    let consumer = common::unique("rewards");
-    common::create_topic(&topic, 1).await;
-    let user = common::unique("u");
-    let (payments, poison) = with_poison(&user);
-    common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
-
-    let (_handler, worker) = common::start_faulty(
-        &consumer,
-        &topic,
-        Fault::RejectAmount(666),
-        "picky",
-        FAST_RETRY,
-    )
-    .await;
-    let stats = worker.stats(&consumer).unwrap();
-    let db = common::pg().await;
+    let Poisoned {
+        topic,
+        consumer,
+        payments,
+        poison,
+        handler: _handler,
+        worker,
+        stats,
+        db,
+    } = start_poisoned("reject", Fault::RejectAmount(666), "picky", FAST_RETRY).await;
     common::wait_records(&stats, 20, 60).await;
 
     assert_all_but_poison_applied(&db, &consumer, &payments, poison).await;

@@ -2,6 +2,7 @@
 //! tests run in parallel, and small helpers to create topics and produce.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod poison;
 pub mod redis_server;
 
 use std::time::Duration;
