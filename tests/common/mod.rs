@@ -344,6 +344,11 @@ pub enum Fault {
     TransientOnAmount(i64),
     /// `HandlerError::Reject` naming every fresh message with this amount.
     RejectAmount(i64),
+    /// Sleeps this long per fresh message before applying them; never fails.
+    SlowPerMessage(Duration),
+    /// `HandlerError::Transient` whenever the fresh messages hold a payment of this amount, as
+    /// long as [`Faulty::broken`] is set (it starts set; the test clears it to fix the handler).
+    TransientOnAmountWhileBroken(i64),
 }
 
 /// A custom handler wrapping `Cashback::new(200)` that injects a [`Fault`].
@@ -355,6 +360,8 @@ pub struct Faulty {
     pub calls: AtomicU64,
     /// Calls that returned an injected error.
     pub injected: AtomicU64,
+    /// Whether [`Fault::TransientOnAmountWhileBroken`] fails; true until a test clears it.
+    pub broken: AtomicBool,
 }
 
 impl Faulty {
@@ -365,6 +372,7 @@ impl Faulty {
             failed_once: AtomicBool::new(false),
             calls: AtomicU64::new(0),
             injected: AtomicU64::new(0),
+            broken: AtomicBool::new(true),
         })
     }
 
@@ -439,6 +447,18 @@ impl Handler for Faulty {
                 if !bad.is_empty() {
                     self.injected.fetch_add(1, Ordering::SeqCst);
                     return Err(HandlerError::Reject(bad));
+                }
+            }
+            Fault::SlowPerMessage(delay) => {
+                tokio::time::sleep(delay * fresh.len() as u32).await;
+            }
+            Fault::TransientOnAmountWhileBroken(poison) => {
+                let poisoned = fresh.iter().any(|m| amount_of(m) == Some(poison));
+                if poisoned && self.broken.load(Ordering::SeqCst) {
+                    self.injected.fetch_add(1, Ordering::SeqCst);
+                    return Err(HandlerError::Transient(
+                        "injected: the ledger is down for this one".into(),
+                    ));
                 }
             }
         }
