@@ -4,6 +4,7 @@
 
 pub mod poison;
 pub mod redis_server;
+pub mod relay;
 
 use std::time::Duration;
 
