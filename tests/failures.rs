@@ -6,7 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, ledger, Fault, Faulty, Payment};
+use common::poison::{start_poisoned, with_poison, Poisoned};
+use common::{eventually, ledger, Fault, Payment};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
@@ -165,13 +166,7 @@ async fn every_kind_of_bad_input_is_parked_with_its_reason_and_bytes() {
     let total = records.len() as i64;
     send_records(&common::producer(), &topic, &records).await;
 
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "max_payload_bytes = 1000",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "max_payload_bytes = 1000").await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
     eventually(60, "every record processed", || {
@@ -258,17 +253,8 @@ async fn a_handler_failing_transiently_once_applies_every_effect_exactly_once() 
     let payments: Vec<Payment> = (1..=10).map(|i| Payment::new(&user, i * 10_000)).collect();
     common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
 
-    let flaky = Faulty::new(Fault::TransientOnce);
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "flaky" }"#,
-            FAST_RETRY,
-        ),
-        Faulty::registry(&flaky, "flaky"),
-    )
-    .await;
+    let (flaky, worker) =
+        common::start_faulty(&consumer, &topic, Fault::TransientOnce, "flaky", FAST_RETRY).await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
     eventually(60, "10 payments credited", || {
@@ -306,15 +292,6 @@ async fn a_handler_failing_transiently_once_applies_every_effect_exactly_once() 
     assert_eq!(s.effects, 10, "{s:?}");
     assert_eq!(s.parked, 0, "{s:?}");
     worker.stop().await.unwrap();
-}
-
-/// 20 payments on one partition, produced before the worker starts so they form one batch, the
-/// 11th with the poison amount 666.
-fn with_poison(user: &str) -> (Vec<Payment>, usize) {
-    let payments: Vec<Payment> = (0..20)
-        .map(|i| Payment::new(user, if i == 10 { 666 } else { 10_000 + i * 100 }))
-        .collect();
-    (payments, 10)
 }
 
 /// Waits until `consumer` has processed `n` records, and checks that every payment but the
@@ -386,26 +363,22 @@ async fn assert_poison_parked(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_always_fails_is_parked_after_its_attempts_and_the_batch_applied() {
-    let topic = common::unique("poison");
-    let consumer = common::unique("rewards");
-    common::create_topic(&topic, 1).await;
-    let user = common::unique("u");
-    let (payments, poison) = with_poison(&user);
-    common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
-
-    let handler = Faulty::new(Fault::TransientOnAmount(666));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "poisoned" }"#,
-            FAST_RETRY,
-        ),
-        Faulty::registry(&handler, "poisoned"),
+    let Poisoned {
+        topic,
+        consumer,
+        payments,
+        poison,
+        handler,
+        worker,
+        stats,
+        db,
+    } = start_poisoned(
+        "poison",
+        Fault::TransientOnAmount(666),
+        "poisoned",
+        FAST_RETRY,
     )
     .await;
-    let stats = worker.stats(&consumer).unwrap();
-    let db = common::pg().await;
     common::wait_records(&stats, 20, 60).await;
 
     assert_all_but_poison_applied(&db, &consumer, &payments, poison).await;
@@ -437,26 +410,16 @@ async fn a_message_that_always_fails_is_parked_after_its_attempts_and_the_batch_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_the_handler_rejects_is_parked_and_the_rest_applied() {
-    let topic = common::unique("reject");
-    let consumer = common::unique("rewards");
-    common::create_topic(&topic, 1).await;
-    let user = common::unique("u");
-    let (payments, poison) = with_poison(&user);
-    common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
-
-    let handler = Faulty::new(Fault::RejectAmount(666));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "picky" }"#,
-            FAST_RETRY,
-        ),
-        Faulty::registry(&handler, "picky"),
-    )
-    .await;
-    let stats = worker.stats(&consumer).unwrap();
-    let db = common::pg().await;
+    let Poisoned {
+        topic,
+        consumer,
+        payments,
+        poison,
+        handler: _handler,
+        worker,
+        stats,
+        db,
+    } = start_poisoned("reject", Fault::RejectAmount(666), "picky", FAST_RETRY).await;
     common::wait_records(&stats, 20, 60).await;
 
     assert_all_but_poison_applied(&db, &consumer, &payments, poison).await;

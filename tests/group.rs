@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, ledger, Fault, Faulty, Payment};
+use common::{eventually, ledger, Fault, Payment};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 const GROUPED: &str =
@@ -77,13 +77,7 @@ async fn many_partitions_share_transactions_and_the_ledger_is_exact() {
     common::send_raw(&producer, &topic, Some(7), &[(None, b"not json".to_vec())]).await;
 
     let db = common::pg().await;
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        GROUPED,
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, GROUPED).await;
     let stats = worker.stats(&consumer).unwrap();
     wait_credits(&db, &consumer, unique.len() as i64).await;
     common::wait_records(&stats, sent.len() as u64 + 1, 60).await;
@@ -138,15 +132,12 @@ async fn a_failing_group_sends_each_batch_back_to_its_own_transaction() {
     let producer = common::producer();
     send_spread(&producer, &topic, &payments, |i| (i % 8) as i32).await;
 
-    let handler = Faulty::new(Fault::RejectAmount(666));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "picky" }"#,
-            GROUPED,
-        ),
-        Faulty::registry(&handler, "picky"),
+    let (handler, worker) = common::start_faulty(
+        &consumer,
+        &topic,
+        Fault::RejectAmount(666),
+        "picky",
+        GROUPED,
     )
     .await;
     let stats = worker.stats(&consumer).unwrap();

@@ -5,15 +5,14 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use common::*;
 use deadpool_postgres::Transaction;
-use effectively::envelope::{Envelope, Rejection};
-use effectively::handler::cashback::Cashback;
+use effectively::envelope::Envelope;
 use effectively::handler::{Applied, BatchContext, Handler, HandlerError, Registry};
 use effectively::store::inbox::{self, ReplayFilter};
 
@@ -40,46 +39,19 @@ async fn statuses(db: &tokio_postgres::Client, consumer: &str) -> (i64, i64, i64
     (r.get(0), r.get(1), r.get(2), r.get(3))
 }
 
-/// Cashback, after sleeping `delay` per message.
-struct Slow {
-    inner: Cashback,
-    delay: Duration,
-}
-
-#[async_trait]
-impl Handler for Slow {
-    fn check(&self, msg: &Envelope) -> Result<(), Rejection> {
-        self.inner.check(msg)
-    }
-
-    async fn apply(
-        &self,
-        tx: &Transaction<'_>,
-        ctx: &BatchContext<'_>,
-        fresh: &[&Envelope],
-    ) -> Result<Applied, HandlerError> {
-        tokio::time::sleep(self.delay * fresh.len() as u32).await;
-        self.inner.apply(tx, ctx, fresh).await
-    }
-}
-
 #[tokio::test]
 async fn a_slow_handler_does_not_hold_kafka() {
     let (topic, consumer) = (unique("inbox-slow"), unique("inbox-slow"));
     create_topic(&topic, 1).await;
-    let slow = Arc::new(Slow {
-        inner: Cashback::new(200),
-        delay: Duration::from_secs(5),
-    });
-    let registry = Registry::new().with("slow", slow as Arc<dyn Handler>);
     let extra = format!("{INBOX}[consumer.inbox]\nclaim_batch = 1\nprocessors = 4\n");
-    let config = config(
+    let (_slow, worker) = start_faulty(
         &consumer,
         &topic,
-        "{ kind = \"custom\", name = \"slow\" }",
+        Fault::SlowPerMessage(Duration::from_secs(5)),
+        "slow",
         &extra,
-    );
-    let worker = start_with(config, registry).await;
+    )
+    .await;
     let stats = worker.stats(&consumer).unwrap();
     let db = pg().await;
     let payments: Vec<Payment> = (0..3)
@@ -255,54 +227,18 @@ async fn per_key_order_holds_under_retries() {
     worker.stop().await.unwrap();
 }
 
-/// Cashback that fails transiently for one amount while `broken`.
-struct Flaky {
-    inner: Cashback,
-    poison: i64,
-    broken: AtomicBool,
-}
-
-#[async_trait]
-impl Handler for Flaky {
-    fn check(&self, msg: &Envelope) -> Result<(), Rejection> {
-        self.inner.check(msg)
-    }
-
-    async fn apply(
-        &self,
-        tx: &Transaction<'_>,
-        ctx: &BatchContext<'_>,
-        fresh: &[&Envelope],
-    ) -> Result<Applied, HandlerError> {
-        let poisoned = fresh
-            .iter()
-            .any(|m| m.json.as_ref().and_then(|j| j["amount_paise"].as_i64()) == Some(self.poison));
-        if poisoned && self.broken.load(Ordering::SeqCst) {
-            return Err(HandlerError::Transient(
-                "injected: the ledger is down for this one".into(),
-            ));
-        }
-        self.inner.apply(tx, ctx, fresh).await
-    }
-}
-
 #[tokio::test]
 async fn poison_is_parked_others_flow_and_replay_applies_once() {
     let (topic, consumer) = (unique("inbox-poison"), unique("inbox-poison"));
     create_topic(&topic, 2).await;
-    let flaky = Arc::new(Flaky {
-        inner: Cashback::new(200),
-        poison: 1_313,
-        broken: AtomicBool::new(true),
-    });
-    let registry = Registry::new().with("flaky", flaky.clone() as Arc<dyn Handler>);
-    let config = config(
+    let (flaky, worker) = start_faulty(
         &consumer,
         &topic,
-        "{ kind = \"custom\", name = \"flaky\" }",
+        Fault::TransientOnAmountWhileBroken(1_313),
+        "flaky",
         INBOX,
-    );
-    let worker = start_with(config, registry).await;
+    )
+    .await;
     let db = pg().await;
     let mut payments: Vec<Payment> = (0..40)
         .map(|i| Payment::new(&format!("u{}", i % 8), 10_000 + i))

@@ -340,13 +340,7 @@ async fn set_up() -> Fixture {
     let inbox_consumer = common::unique("metrics-inbox");
     let inbox_topic = common::unique("metrics-inbox");
     common::create_topic(&inbox_topic, 1).await;
-    let inbox = common::start(common::config(
-        &inbox_consumer,
-        &inbox_topic,
-        r#"{ kind = "cashback" }"#,
-        "strategy = \"inbox\"",
-    ))
-    .await;
+    let inbox = common::start_cashback(&inbox_consumer, &inbox_topic, "strategy = \"inbox\"").await;
     let inbox_payments: Vec<Payment> = (0..5).map(|i| Payment::new(&user, 500 + i)).collect();
     common::send_payments(&producer, &inbox_topic, Some(0), &inbox_payments).await;
     eventually(40, "the inbox consumer's payments credited", || {
@@ -399,15 +393,14 @@ async fn set_up() -> Fixture {
     let prefilter_consumer = common::unique("metrics-prefilter");
     let prefilter_topic = common::unique("metrics-prefilter");
     common::create_topic(&prefilter_topic, 1).await;
-    let prefiltered = common::start(common::config(
+    let prefiltered = common::start_cashback(
         &prefilter_consumer,
         &prefilter_topic,
-        r#"{ kind = "cashback" }"#,
         &format!(
             "[consumer.prefilter]\nredis = \"{}\"\ntimeout = \"1s\"",
             redis.url()
         ),
-    ))
+    )
     .await;
     let pstats = prefiltered.stats(&prefilter_consumer).unwrap();
     let prefilter_payments: Vec<Payment> = (0..5).map(|i| Payment::new(&user, 700 + i)).collect();

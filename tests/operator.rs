@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{eventually, ledger, Fault, Faulty, Payment};
+use common::{eventually, ledger, Fault, Payment};
 
 /// A config file for the CLI: the consumer's name and topic; the stack's addresses come from
 /// the environment.
@@ -122,13 +122,7 @@ async fn a_redrive_applies_a_fixed_message_once_and_a_crash_half_way_doubles_not
     common::send_raw(&common::producer(), &topic, Some(0), &records).await;
 
     // A payload limit too small for the big payment: it is parked as oversized.
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "max_payload_bytes = 400",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "max_payload_bytes = 400").await;
     eventually(60, "all three records read", || async {
         common::stored_offset(&db, &consumer, &topic, 0).await == Some(3)
     })
@@ -195,13 +189,7 @@ async fn a_redrive_applies_a_fixed_message_once_and_a_crash_half_way_doubles_not
     assert_eq!(resolution(&db, big_id).await.0, None);
 
     // The fix: the limit is lifted. A worker with the default limit runs from here on.
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "").await;
 
     // A redrive that dies after the broker took the copy and before the mark: the row stays
     // parked, no audit row; the copy is applied once.
@@ -333,15 +321,12 @@ async fn failed_inbox_rows_are_replayed_once_or_discarded_with_an_audit_row() {
 
     // A handler that refuses 130.00 payments: they end FAILED (a permanent error).
     let inbox = "strategy = \"inbox\"\n[consumer.inbox]\nprocessors = 1";
-    let faulty = Faulty::new(Fault::RejectAmount(13_000));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "faulty" }"#,
-            inbox,
-        ),
-        Faulty::registry(&faulty, "faulty"),
+    let (_faulty, worker) = common::start_faulty(
+        &consumer,
+        &topic,
+        Fault::RejectAmount(13_000),
+        "faulty",
+        inbox,
     )
     .await;
     let failed = || async {
@@ -393,13 +378,7 @@ async fn failed_inbox_rows_are_replayed_once_or_discarded_with_an_audit_row() {
         ],
     );
     assert_eq!(dry.trim(), "would replay 2 FAILED inbox row(s)");
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        inbox,
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, inbox).await;
     let out = ok(
         &cfg,
         &[

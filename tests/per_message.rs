@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{eventually, ledger, Fault, Faulty, Payment};
+use common::poison::{start_poisoned, Poisoned};
+use common::{eventually, ledger, Fault, Payment};
 use std::sync::atomic::Ordering;
 
 const PER_MESSAGE: &str = r#"strategy = "per-message""#;
@@ -32,13 +33,7 @@ async fn three_copies_of_one_event_credit_once() {
     )
     .await;
 
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        PER_MESSAGE,
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, PER_MESSAGE).await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
     common::wait_records(&stats, 4, 60).await;
@@ -76,15 +71,12 @@ async fn a_handler_failing_transiently_once_applies_every_effect_exactly_once() 
     let payments: Vec<Payment> = (1..=10).map(|i| Payment::new(&user, i * 10_000)).collect();
     common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
 
-    let flaky = Faulty::new(Fault::TransientOnce);
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "flaky" }"#,
-            &per_message_fast_retry(),
-        ),
-        Faulty::registry(&flaky, "flaky"),
+    let (flaky, worker) = common::start_faulty(
+        &consumer,
+        &topic,
+        Fault::TransientOnce,
+        "flaky",
+        &per_message_fast_retry(),
     )
     .await;
     let stats = worker.stats(&consumer).unwrap();
@@ -118,29 +110,23 @@ async fn a_handler_failing_transiently_once_applies_every_effect_exactly_once() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_always_fails_is_parked_and_the_others_applied() {
-    let topic = common::unique("pm-poison");
-    let consumer = common::unique("rewards");
-    common::create_topic(&topic, 1).await;
-    let user = common::unique("u");
-    let payments: Vec<Payment> = (0..20)
-        .map(|i| Payment::new(&user, if i == 10 { 666 } else { 10_000 + i * 100 }))
-        .collect();
-    let poison = &payments[10];
-    common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
-
-    let handler = Faulty::new(Fault::TransientOnAmount(666));
-    let worker = common::start_with(
-        common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "custom", name = "poisoned" }"#,
-            &per_message_fast_retry(),
-        ),
-        Faulty::registry(&handler, "poisoned"),
+    let Poisoned {
+        topic,
+        consumer,
+        payments,
+        poison,
+        handler,
+        worker,
+        stats,
+        db,
+    } = start_poisoned(
+        "pm-poison",
+        Fault::TransientOnAmount(666),
+        "poisoned",
+        &per_message_fast_retry(),
     )
     .await;
-    let stats = worker.stats(&consumer).unwrap();
-    let db = common::pg().await;
+    let poison = &payments[poison];
     common::wait_records(&stats, 20, 60).await;
 
     let others: Vec<&Payment> = payments.iter().filter(|p| p.amount_paise != 666).collect();

@@ -23,13 +23,7 @@ async fn a_relay_resend_three_copies_one_credit_two_duplicates() {
     )
     .await;
 
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "").await;
     let stats = worker.stats(&consumer).unwrap();
     let db = common::pg().await;
     common::wait_records(&stats, 4, 60).await;
@@ -60,13 +54,7 @@ async fn one_event_on_two_partitions_processed_concurrently_credits_once() {
     common::send_payments(&producer, &topic, Some(0), &payments).await;
     common::send_payments(&producer, &topic, Some(1), &payments).await;
 
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "").await;
     let stats = worker.stats(&consumer).unwrap();
     common::wait_records(&stats, 400, 60).await;
     let db = common::pg().await;
@@ -97,13 +85,7 @@ async fn a_double_tap_same_payment_new_event_id_credits_once() {
     let producer = common::producer();
     common::send_payments(&producer, &topic, Some(0), std::slice::from_ref(&first)).await;
 
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "").await;
     let stats = worker.stats(&consumer).unwrap();
     eventually(60, "first payment applied", || {
         let stats = stats.clone();
@@ -151,13 +133,7 @@ async fn a_copy_redelivered_on_a_later_day_is_still_a_duplicate() {
     let producer = common::producer();
     common::send_payments(&producer, &topic, Some(0), &[old.clone(), other.clone()]).await;
 
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "").await;
     let stats = worker.stats(&consumer).unwrap();
     common::wait_records(&stats, 2, 60).await;
     let l = ledger(&db, &consumer).await;
@@ -192,13 +168,7 @@ async fn kafka_committed_offset_never_passes_the_offset_stored_in_postgres() {
     let topic = common::unique("offsets");
     let consumer = common::unique("rewards");
     common::create_topic(&topic, 3).await;
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "").await;
     let stats = worker.stats(&consumer).unwrap();
 
     // A client of the same group that never joins it: it only reads committed offsets.

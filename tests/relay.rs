@@ -5,47 +5,17 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::relay::{
+    outbox_payments, relay_config_in_new_dir, relay_dies_after_publishing, relay_section,
+    relay_until_marked, unpublished, write_outbox,
+};
 use common::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
-
-/// `[relay]` for one event type, as TOML (the other sections come from `common::config`).
-fn relay_section(event_type: &str, topic: &str, extra: &str) -> String {
-    format!("[relay]\ntopics = {{ \"{event_type}\" = \"{topic}\" }}\npoll_interval = \"50ms\"\n{extra}\n")
-}
-
-/// Writes a config that has only `[kafka]`, `[database]` and `relay`.
-fn relay_config_file(dir: &std::path::Path, relay: &str) -> std::path::PathBuf {
-    let path = dir.join("relay.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[kafka]\nbrokers = \"{}\"\n[database]\nurl = \"{}\"\n{relay}",
-            kafka_brokers(),
-            database_url()
-        ),
-    )
-    .unwrap();
-    path
-}
-
-fn spawn_relay(config: &std::path::Path, log: &std::path::Path, failpoints: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_effectively"))
-        .args(["relay", "--metrics-addr", "off", "--config"])
-        .arg(config)
-        .env("KAFKA_BROKERS", kafka_brokers())
-        .env("DATABASE_URL", database_url())
-        .env("FAILPOINTS", failpoints)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("spawn effectively relay")
-}
 
 /// Records on `topic` (all partitions), from the watermarks.
 fn records_on(topic: &str, partitions: i32) -> i64 {
@@ -63,93 +33,42 @@ fn records_on(topic: &str, partitions: i32) -> i64 {
         .sum()
 }
 
-/// Writes `payments` as the payments service would: each one an outbox row of `event_type`,
-/// all in one transaction.
-async fn write_outbox(
-    db: &mut tokio_postgres::Client,
-    event_type: &str,
-    rows: &[(String, Payment)],
-) {
-    let tx = db.transaction().await.unwrap();
-    for (aggregate, p) in rows {
-        let payload: serde_json::Value = serde_json::from_slice(&p.json()).unwrap();
-        tx.execute(
-            "INSERT INTO outbox (id, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4)",
-            &[&p.event_id, aggregate, &event_type, &payload],
-        )
-        .await
-        .unwrap();
-    }
-    tx.commit().await.unwrap();
-}
-
-async fn unpublished(db: &tokio_postgres::Client, event_type: &str) -> i64 {
-    db.query_one(
-        "SELECT count(*) FROM outbox WHERE event_type = $1 AND published_at IS NULL",
-        &[&event_type],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
-
 #[tokio::test]
 async fn a_relay_that_dies_after_publishing_republishes_and_the_consumer_credits_once() {
     let (topic, consumer) = (unique("relay-crash"), unique("relay-crash"));
     let event_type = unique("PaymentSucceeded");
     create_topic(&topic, 2).await;
     let mut db = pg().await;
-    let user = unique("u");
-    let payments: Vec<(String, Payment)> = (0..20)
-        .map(|i| {
-            let p = Payment::new(&user, 10_000 + i);
-            (p.payment_id.clone(), p)
-        })
-        .collect();
-    write_outbox(&mut db, &event_type, &payments).await;
+    outbox_payments(&mut db, &event_type, 20, 10_000).await;
 
-    let dir = std::env::temp_dir().join(unique("relay-crash"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = relay_config_file(&dir, &relay_section(&event_type, &topic, ""));
+    let (dir, config) = relay_config_in_new_dir("relay-crash", &event_type, &topic);
     // The first relay publishes the rows, the broker acknowledges them, and it dies before it
     // marks them.
-    let mut first = spawn_relay(
-        &config,
-        &dir.join("first.log"),
-        "relay_after_publish=return",
-    );
-    let status = tokio::task::spawn_blocking(move || first.wait().unwrap())
-        .await
-        .unwrap();
+    let status = relay_dies_after_publishing(&config, &dir).await;
     assert!(!status.success(), "the failpoint aborts the relay");
     assert_eq!(records_on(&topic, 2), 20, "published once");
     assert_eq!(unpublished(&db, &event_type).await, 20, "nothing marked");
 
     // The next relay publishes them all again, and marks them.
-    let mut second = spawn_relay(&config, &dir.join("second.log"), "");
-    eventually(30, "the second relay marked every row", || async {
-        unpublished(&db, &event_type).await == 0
-    })
+    let status = relay_until_marked(
+        &config,
+        &dir,
+        &db,
+        &event_type,
+        "the second relay marked every row",
+    )
     .await;
-    Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(second.wait().unwrap().success(), "a clean stop on SIGTERM");
+    assert!(status.success(), "a clean stop on SIGTERM");
     assert_eq!(records_on(&topic, 2), 40, "every event twice on the topic");
 
     // Downstream, the consumer dedupes on the event id the relay put in the header.
-    let worker = start(config_for(&consumer, &topic)).await;
+    let worker = start_cashback(&consumer, &topic, "").await;
     let stats = worker.stats(&consumer).unwrap();
     wait_records(&stats, 40, 60).await;
     worker.stop().await.unwrap();
     let l = ledger(&db, &consumer).await;
     assert_eq!(l.credits, 20, "one credit per payment");
     assert!(doubly_credited(&db, &consumer).await.is_empty());
-}
-
-fn config_for(consumer: &str, topic: &str) -> effectively::config::Config {
-    config(consumer, topic, r#"{ kind = "cashback" }"#, "")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -260,37 +179,19 @@ async fn the_full_walk_credits_once_sends_one_sms_and_writes_one_cashback_event(
     let channel = unique("sms");
     create_topic(&topic, 2).await;
     let mut db = pg().await;
-    let user = unique("u");
-    let payments: Vec<(String, Payment)> = (0..10)
-        .map(|i| {
-            let p = Payment::new(&user, 120_000 + i);
-            (p.payment_id.clone(), p)
-        })
-        .collect();
-    write_outbox(&mut db, &event_type, &payments).await;
+    let payments = outbox_payments(&mut db, &event_type, 10, 120_000).await;
 
     // Delivery 1 and 2: the relay publishes, dies before marking, the next one publishes again.
-    let dir = std::env::temp_dir().join(unique("walk"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let relay_file = relay_config_file(&dir, &relay_section(&event_type, &topic, ""));
-    let mut first = spawn_relay(
+    let (dir, relay_file) = relay_config_in_new_dir("walk", &event_type, &topic);
+    relay_dies_after_publishing(&relay_file, &dir).await;
+    relay_until_marked(
         &relay_file,
-        &dir.join("first.log"),
-        "relay_after_publish=return",
-    );
-    tokio::task::spawn_blocking(move || first.wait().unwrap())
-        .await
-        .unwrap();
-    let mut second = spawn_relay(&relay_file, &dir.join("second.log"), "");
-    eventually(30, "every payment published and marked", || async {
-        unpublished(&db, &event_type).await == 0
-    })
+        &dir,
+        &db,
+        &event_type,
+        "every payment published and marked",
+    )
     .await;
-    Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status()
-        .unwrap();
-    second.wait().unwrap();
     // Delivery 3: a redrive of the first payment, its bytes produced again at a new offset.
     send_payments(&producer(), &topic, Some(0), &[payments[0].1.clone()]).await;
     assert_eq!(records_on(&topic, 2), 21);

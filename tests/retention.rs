@@ -147,13 +147,7 @@ async fn copies_are_judged_by_their_event_date_at_the_window_edges() {
     )
     .await;
 
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "").await;
     let stats = worker.stats(&consumer).unwrap();
     common::wait_records(&stats, 3, 60).await;
     let l = ledger(&db, &consumer).await;
@@ -188,13 +182,7 @@ async fn dropping_a_partition_does_not_disturb_a_running_worker() {
         .map(|i| Payment::new(&users[i % 20], 1_000 + i as i64))
         .collect();
     let mut db = common::pg().await;
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        "",
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, "").await;
     let producer = common::producer();
     let send = {
         let (topic, payments) = (topic.clone(), payments.clone());

@@ -77,13 +77,7 @@ async fn lost_tail_is_applied_again(strategy: &str) {
         .map(|i| Payment::new(&users[i % users.len()], 2_000 + i as i64 * 10))
         .collect();
     let extra = format!("strategy = \"{strategy}\"");
-    let worker = common::start(common::config(
-        &consumer,
-        &topic,
-        r#"{ kind = "cashback" }"#,
-        &extra,
-    ))
-    .await;
+    let worker = common::start_cashback(&consumer, &topic, &extra).await;
     let stats = worker.stats(&consumer).unwrap();
     let producer = common::producer();
 

@@ -2,7 +2,9 @@
 //! tests run in parallel, and small helpers to create topics and produce.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod poison;
 pub mod redis_server;
+pub mod relay;
 
 use std::time::Duration;
 
@@ -179,6 +181,12 @@ pub async fn start_with(config: Config, registry: Registry) -> Worker {
         .expect("worker starts")
 }
 
+/// Starts one worker running the 2% cashback handler for `consumer` on `topic`; `extra` as in
+/// [`config`].
+pub async fn start_cashback(consumer: &str, topic: &str, extra: &str) -> Worker {
+    start(config(consumer, topic, r#"{ kind = "cashback" }"#, extra)).await
+}
+
 /// A `PaymentSucceeded` event as loadgen would produce it.
 #[derive(Debug, Clone)]
 pub struct Payment {
@@ -337,6 +345,11 @@ pub enum Fault {
     TransientOnAmount(i64),
     /// `HandlerError::Reject` naming every fresh message with this amount.
     RejectAmount(i64),
+    /// Sleeps this long per fresh message before applying them; never fails.
+    SlowPerMessage(Duration),
+    /// `HandlerError::Transient` whenever the fresh messages hold a payment of this amount, as
+    /// long as [`Faulty::broken`] is set (it starts set; the test clears it to fix the handler).
+    TransientOnAmountWhileBroken(i64),
 }
 
 /// A custom handler wrapping `Cashback::new(200)` that injects a [`Fault`].
@@ -348,6 +361,8 @@ pub struct Faulty {
     pub calls: AtomicU64,
     /// Calls that returned an injected error.
     pub injected: AtomicU64,
+    /// Whether [`Fault::TransientOnAmountWhileBroken`] fails; true until a test clears it.
+    pub broken: AtomicBool,
 }
 
 impl Faulty {
@@ -358,6 +373,7 @@ impl Faulty {
             failed_once: AtomicBool::new(false),
             calls: AtomicU64::new(0),
             injected: AtomicU64::new(0),
+            broken: AtomicBool::new(true),
         })
     }
 
@@ -365,6 +381,29 @@ impl Faulty {
     pub fn registry(handler: &std::sync::Arc<Faulty>, name: &str) -> Registry {
         Registry::new().with(name, handler.clone() as std::sync::Arc<dyn Handler>)
     }
+}
+
+/// Starts one worker running a new [`Faulty`] with `fault` as the custom handler `name` for
+/// `consumer` on `topic`; `extra` as in [`config`].
+pub async fn start_faulty(
+    consumer: &str,
+    topic: &str,
+    fault: Fault,
+    name: &str,
+    extra: &str,
+) -> (std::sync::Arc<Faulty>, Worker) {
+    let handler = Faulty::new(fault);
+    let worker = start_with(
+        config(
+            consumer,
+            topic,
+            &format!(r#"{{ kind = "custom", name = "{name}" }}"#),
+            extra,
+        ),
+        Faulty::registry(&handler, name),
+    )
+    .await;
+    (handler, worker)
 }
 
 fn amount_of(msg: &Envelope) -> Option<i64> {
@@ -409,6 +448,18 @@ impl Handler for Faulty {
                 if !bad.is_empty() {
                     self.injected.fetch_add(1, Ordering::SeqCst);
                     return Err(HandlerError::Reject(bad));
+                }
+            }
+            Fault::SlowPerMessage(delay) => {
+                tokio::time::sleep(delay * fresh.len() as u32).await;
+            }
+            Fault::TransientOnAmountWhileBroken(poison) => {
+                let poisoned = fresh.iter().any(|m| amount_of(m) == Some(poison));
+                if poisoned && self.broken.load(Ordering::SeqCst) {
+                    self.injected.fetch_add(1, Ordering::SeqCst);
+                    return Err(HandlerError::Transient(
+                        "injected: the ledger is down for this one".into(),
+                    ));
                 }
             }
         }
