@@ -19,7 +19,6 @@ mod measure;
 mod orders;
 mod outbox;
 mod produce;
-mod replay;
 mod report;
 mod session;
 mod stages;
@@ -146,7 +145,7 @@ enum Command {
     Orders(orders::OrdersArgs),
     /// `make bench`'s pre-filter phase alone: a 100%-duplicate replay of a topic with and
     /// without the Redis pre-filter (Redis from REDIS_URL or `scripts/stack.sh redis-up`).
-    Replay(replay::ReplayArgs),
+    Replay(bench::replay::ReplayArgs),
 }
 
 #[tokio::main]
@@ -158,7 +157,7 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Chaos(c)) => chaos::run(c).await,
         Some(Command::ChaosCluster(c)) => cluster::run(c).await,
         Some(Command::Orders(o)) => orders::run(o).await,
-        Some(Command::Replay(r)) => replay::run(r).await,
+        Some(Command::Replay(r)) => bench::replay::run(r).await,
         None => demo::run(cli.run).await,
     };
     match result {

@@ -14,7 +14,7 @@
 //!    id, right after the drains (`connect`);
 //! 8. River, the Go job queue on PostgreSQL, working no-op jobs against our inbox processors
 //!    applying as many stored rows with a no-op effect (`river.rs`);
-//! 9. the pre-filter's replays (`crate::replay`), 1 to 3 workers draining one topic, and
+//! 9. the pre-filter's replays (`replay`), 1 to 3 workers draining one topic, and
 //!    retention (dropping a day against deleting it);
 //! 10. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers, and
 //!     with commit groups (`partitions_scale`).
@@ -29,6 +29,7 @@ mod inbox;
 mod latency;
 mod partitions;
 mod procfs;
+pub(crate) mod replay;
 mod river;
 mod worker;
 
@@ -215,8 +216,8 @@ struct BenchReport {
     /// Share of the first drain's keys the pre-filter holds afterwards (beside `verified`,
     /// not in it: a key not set costs a future hit, never a message).
     prefilter_coverage: f64,
-    /// The replays in detail (`crate::replay`).
-    prefilter_replay: crate::replay::ReplayReport,
+    /// The replays in detail (`replay`).
+    prefilter_replay: replay::ReplayReport,
     /// The batch strategy draining one topic of 6 partitions with 1, 2 and 3 workers: msg/s,
     /// the workers' and PostgreSQL's CPU per message, and PostgreSQL's share.
     scale_out: Vec<Drain>,
@@ -379,7 +380,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     }
 
     if wants(Phase::Prefilter) {
-        report.prefilter_replay = crate::replay::phase(
+        report.prefilter_replay = replay::phase(
             &bin,
             &args.services.brokers,
             &args.services.database_url,

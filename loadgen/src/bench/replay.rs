@@ -519,7 +519,7 @@ async fn replay(
 /// PostgreSQL's CPU seconds so far and the buffer accesses on `processed_messages`, once the
 /// engine's sessions are gone (up to 5 s): a session reports its table statistics as it ends.
 async fn pg_work(db: &tokio_postgres::Client) -> anyhow::Result<(f64, i64)> {
-    crate::bench::settle(db, Duration::from_secs(5)).await?;
+    super::settle(db, Duration::from_secs(5)).await?;
     let buffers: i64 = db
         .query_one(
             "SELECT coalesce(sum(coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0)
@@ -531,7 +531,7 @@ async fn pg_work(db: &tokio_postgres::Client) -> anyhow::Result<(f64, i64)> {
         )
         .await?
         .get(0);
-    let cpu = crate::bench::pg_cpu_seconds(db).await.unwrap_or(0.0);
+    let cpu = super::pg_cpu_seconds(db).await.unwrap_or(0.0);
     Ok((cpu, buffers))
 }
 
