@@ -9,11 +9,13 @@ export STACK_DIR ?= $(CURDIR)/.stack
 # Every command that talks to the stack reads its addresses from $(STACK_DIR)/env.
 WITH_ENV := source $(STACK_DIR)/env &&
 
-.PHONY: up down status build migrate lint test demo bench microbench chaos chaos-cluster cluster-up cluster-down
+.PHONY: up down status build migrate lint test demo bench microbench chaos chaos-cluster cluster-up cluster-down \
+	registry-up registry-down
 
 up:
 	@$(STACK) up >/dev/null
 
+# Stops the registry and Redis too, when they run.
 down:
 	@$(STACK) down
 
@@ -119,6 +121,15 @@ cluster-up:
 
 cluster-down:
 	@$(CLUSTER) down
+
+# The Schema Registry (Apicurio Registry, scripts/registry.sh) on the stack, on demand: the
+# registry formats' tests, `DEMO_FORMAT=avro make demo` and the per-format bench start it
+# themselves. Loopback, 127.0.0.1:8081; SCHEMA_REGISTRY_URL is in $(STACK_DIR)/env.
+registry-up: up
+	@$(STACK) registry-up >/dev/null
+
+registry-down:
+	@$(STACK) registry-down
 
 # Failover: every scenario of docs/RELIABILITY.md "Failover scenarios" (Kafka leader bounces, a
 # paused leader, two brokers down, a rolling restart; PostgreSQL switchover, crash, standby down,

@@ -13,6 +13,10 @@
 #                              it): Debian's redis-server (installed if missing), loopback, no
 #                              persistence; writes .stack/redis.env (REDIS_URL) and prints the URL
 #   scripts/stack.sh redis-down | redis-crash (SIGKILL) | redis-install (prints the binary's path)
+#   scripts/stack.sh registry-up   the Schema Registry (Apicurio Registry, scripts/registry.sh), only
+#                              on demand: loopback, 127.0.0.1:8081, its storage in PostgreSQL; prints
+#                              SCHEMA_REGISTRY_URL (.stack/env has it whether or not it runs)
+#   scripts/stack.sh registry-down | registry-crash (SIGKILL)
 #   scripts/stack.sh kafka CLASS ARGS...   run a Kafka tool, e.g.
 #        scripts/stack.sh kafka org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list
 #   STACK_TOPOLOGY=cluster scripts/stack.sh CMD   the cluster stack instead: three Kafka nodes, a
@@ -30,6 +34,8 @@ POM=$ROOT/scripts/kafka/pom.xml
 PG_DB=${PG_DB:-effectively}
 # shellcheck source=scripts/lib.sh
 source "$ROOT/scripts/lib.sh"
+# shellcheck source=scripts/registry.sh
+source "$ROOT/scripts/registry.sh"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +262,7 @@ write_env() {
   cat >"$STACK_DIR/env" <<EOF
 export KAFKA_BROKERS=$(cat "$STACK_DIR/kafka.brokers")
 export DATABASE_URL=$(cat "$STACK_DIR/pg.url")
+export SCHEMA_REGISTRY_URL=$(registry_url)
 EOF
   # The stack's own broker has TLS and SASL listeners too (not an external one).
   if [ -f "$KAFKA_HOME/port" ] && [ -f "$KAFKA_HOME/tls/ca.pem" ] && pid_alive "$KAFKA_HOME/pid"; then
@@ -286,6 +293,7 @@ status() {
   if pid_alive "$REDIS_HOME/pid"; then
     echo "redis:      running, pid $(cat "$REDIS_HOME/pid"), redis://127.0.0.1:$(cat "$REDIS_HOME/port") (on demand)"
   fi
+  registry_status
 }
 
 mkdir -p "$STACK_DIR"
@@ -297,6 +305,7 @@ case "${1:-}" in
     cat "$STACK_DIR/env"
     ;;
   down)
+    registry_down
     kafka_down
     pg_down
     redis_down
@@ -324,6 +333,12 @@ case "${1:-}" in
   redis-up) redis_up ;;
   redis-down) redis_down ;;
   redis-crash) redis_down KILL ;;
+  registry-up) registry_up ;;
+  registry-down) registry_down ;;
+  registry-crash)
+    pid_alive "$REGISTRY_HOME/pid" && kill -KILL "$(cat "$REGISTRY_HOME/pid")"
+    rm -f "$REGISTRY_HOME/pid"
+    ;;
   redis-install)
     redis_install
     command -v redis-server
@@ -334,7 +349,7 @@ case "${1:-}" in
     kafka_java "$@"
     ;;
   *)
-    sed -n '2,22p' "$0" >&2
+    sed -n '2,26p' "$0" >&2
     exit 2
     ;;
 esac
