@@ -159,9 +159,10 @@ async fn the_sql_handler_sees_protobuf_as_the_json_demo_s_object_and_a_decoded_k
             )
             .unwrap(),
         );
+        let value = sr::protobuf(value_id, &desc, p);
         let rec = rdkafka::producer::FutureRecord::to(&topic)
             .key(&key)
-            .payload(&sr::protobuf(value_id, &desc, p))
+            .payload(&value)
             .headers(
                 rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
                     key: "event_id",
