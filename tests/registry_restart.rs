@@ -55,7 +55,12 @@ async fn a_registry_that_stops_mid_run_holds_the_partition_and_parks_nothing() {
     let producer = common::producer();
     let rec = |p: &Payment, v2: bool| {
         let bytes = if v2 {
-            sr::avro(v2_id, &s2, p, &[("channel", apache_avro::types::Value::String("app".into()))])
+            sr::avro(
+                v2_id,
+                &s2,
+                p,
+                &[("channel", apache_avro::types::Value::String("app".into()))],
+            )
         } else {
             sr::avro(v1, &s1, p, &[])
         };
@@ -64,7 +69,8 @@ async fn a_registry_that_stops_mid_run_holds_the_partition_and_parks_nothing() {
     let v1_records: Vec<_> = first.iter().map(|p| rec(p, false)).collect();
     common::send_raw(&producer, &topic, Some(0), &v1_records).await;
 
-    let extra = format!("payload = {{ format = \"avro\", registry = \"{url}\", timeout = \"2s\" }}");
+    let extra =
+        format!("payload = {{ format = \"avro\", registry = \"{url}\", timeout = \"2s\" }}");
     let worker = common::start_cashback(&consumer, &topic, &extra).await;
     let db = common::pg().await;
     eventually(60, "the v1 payments credited", || async {
@@ -78,21 +84,36 @@ async fn a_registry_that_stops_mid_run_holds_the_partition_and_parks_nothing() {
     let mut more: Vec<_> = second[..10].iter().map(|p| rec(p, true)).collect();
     more.extend(second[10..].iter().map(|p| rec(p, false)));
     common::send_raw(&producer, &topic, Some(0), &more).await;
-    eventually(30, "the partition waits for the registry", || async { waiting(&consumer) }).await;
+    eventually(30, "the partition waits for the registry", || async {
+        waiting(&consumer)
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let l = ledger(&db, &consumer).await;
-    assert_eq!(l.credits, 20, "nothing behind the unknown id is applied: {l:?}");
-    assert_eq!(l.parked, 0, "nothing parked while the registry is down: {l:?}");
+    assert_eq!(
+        l.credits, 20,
+        "nothing behind the unknown id is applied: {l:?}"
+    );
+    assert_eq!(
+        l.parked, 0,
+        "nothing parked while the registry is down: {l:?}"
+    );
 
     stack("registry-up");
-    eventually(90, "every payment credited once the registry answers", || async {
-        ledger(&db, &consumer).await.credits == 40
-    })
+    eventually(
+        90,
+        "every payment credited once the registry answers",
+        || async { ledger(&db, &consumer).await.credits == 40 },
+    )
     .await;
     let l = ledger(&db, &consumer).await;
     assert_eq!(l.credits, 40, "{l:?}");
     assert_eq!(l.parked, 0, "{l:?}");
-    let expected: i64 = first.iter().chain(&second).map(|p| p.amount_paise * 2 / 100).sum();
+    let expected: i64 = first
+        .iter()
+        .chain(&second)
+        .map(|p| p.amount_paise * 2 / 100)
+        .sum();
     assert_eq!(l.cashback_paise, expected);
     eventually(10, "the gauge back at 0", || async { !waiting(&consumer) }).await;
     worker.stop().await.unwrap();

@@ -30,7 +30,10 @@ pub async fn url() -> String {
         .send()
         .await
         .is_ok_and(|r| r.status().is_success());
-    assert!(ok, "the schema registry at {url} does not answer: run `scripts/stack.sh registry-up`");
+    assert!(
+        ok,
+        "the schema registry at {url} does not answer: run `scripts/stack.sh registry-up`"
+    );
     url
 }
 
@@ -46,7 +49,10 @@ pub async fn register(url: &str, subject: &str, kind: &str, schema: &str) -> u32
         .expect("the registry answers");
     let status = resp.status();
     let body: serde_json::Value = resp.json().await.expect("a JSON answer");
-    assert!(status.is_success(), "registering {subject}: {status} {body}");
+    assert!(
+        status.is_success(),
+        "registering {subject}: {status} {body}"
+    );
     body["id"].as_u64().expect("an id") as u32
 }
 
@@ -66,7 +72,10 @@ pub fn avro(id: u32, schema: &apache_avro::Schema, p: &Payment, extra: &[(&str, 
     r.put("payment_id", p.payment_id.as_str());
     r.put("user_id", p.user_id.as_str());
     r.put("amount_paise", p.amount_paise);
-    r.put("occurred_at", Avro::TimestampMicros(p.occurred_at.timestamp_micros()));
+    r.put(
+        "occurred_at",
+        Avro::TimestampMicros(p.occurred_at.timestamp_micros()),
+    );
     for (name, v) in extra {
         r.put(name, v.clone());
     }
@@ -78,7 +87,8 @@ pub fn proto_payment() -> MessageDescriptor {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("loadgen/schemas");
     let mut c = protox::Compiler::new([dir]).expect("compiler");
     c.include_imports(true);
-    c.open_file("payment.proto").expect("payment.proto compiles");
+    c.open_file("payment.proto")
+        .expect("payment.proto compiles");
     let pool: DescriptorPool = c.descriptor_pool();
     pool.get_message_by_name("effectively.payments.PaymentSucceeded")
         .expect("the payment message")
