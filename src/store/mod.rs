@@ -174,7 +174,9 @@ mod tests {
 
     #[test]
     fn a_broken_configuration_stops_the_worker() {
-        for code in ["42601", "42P01", "42703", "42501", "0A000", "28P01", "3D000", "3F000"] {
+        for code in [
+            "42601", "42P01", "42703", "42501", "0A000", "28P01", "3D000", "3F000",
+        ] {
             assert_eq!(classify_code(code), Fatal, "{code}");
         }
     }
