@@ -22,10 +22,16 @@ use common::*;
 const RETRY: &str =
     r#"retry = { max_attempts = 3, initial_backoff = "10ms", max_backoff = "50ms" }"#;
 
-/// The consumer's `extra` config for `strategy`. The inbox gets one processor, so a round
-/// claims every stored row and the rows of one key meet in one handler call.
+/// The consumer's `extra` config for `strategy` (`batch-grouped`: the batch strategy with
+/// commit groups). The inbox gets one processor, so a round claims every stored row and the
+/// rows of one key meet in one handler call.
 fn extra(strategy: &str) -> String {
-    let mut text = format!("strategy = \"{strategy}\"\n{RETRY}\n");
+    let mut text = match strategy {
+        "batch-grouped" => {
+            format!("strategy = \"batch\"\n{RETRY}\nbatch = {{ group_partitions = true }}\n")
+        }
+        _ => format!("strategy = \"{strategy}\"\n{RETRY}\n"),
+    };
     if strategy == "inbox" {
         text.push_str("[consumer.inbox]\nprocessors = 1\nclaim_batch = 100\n");
     }
@@ -175,7 +181,7 @@ async fn a_key_met_twice_is_split_until_it_applies(strategy: &str) {
             wait_records(&stats, 40, 30).await;
             let s = stats.snapshot();
             assert_eq!((s.records, s.effects, s.parked), (40, 40, 0), "{s:?}");
-            if strategy == "batch" {
+            if strategy.starts_with("batch") {
                 // The batch failed with 21000 and was split: more than one commit.
                 assert!(s.retries >= 1 && s.commits > 1, "{s:?}");
             }
@@ -188,6 +194,12 @@ async fn a_key_met_twice_is_split_until_it_applies(strategy: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_a_key_met_twice_is_split_until_it_applies() {
     a_key_met_twice_is_split_until_it_applies("batch").await;
+}
+
+/// A commit group that fails sends each batch back to be committed on its own, split as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_a_key_met_twice_is_split_until_it_applies() {
+    a_key_met_twice_is_split_until_it_applies("batch-grouped").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
