@@ -93,9 +93,9 @@ pub(super) enum RoundError {
 impl From<StoreError> for RoundError {
     fn from(e: StoreError) -> Self {
         match e.class() {
-            ErrorClass::Fatal => RoundError::Fatal(e.to_string()),
+            ErrorClass::Fatal => RoundError::Fatal(e.describe()),
             // A failing statement of our own (not the handler's) is the database's problem.
-            _ => RoundError::Unavailable(e.to_string()),
+            _ => RoundError::Unavailable(e.describe()),
         }
     }
 }
