@@ -75,6 +75,52 @@ pub struct Round {
     pub versions: crate::version::Skipped,
 }
 
+/// A processor whose rounds have failed for longer than the consumer's `stall_after` is
+/// stalled (`effectively_inbox_processor_stalled` counts it) until a round succeeds or the
+/// processor stops.
+struct Stall<'a> {
+    consumer: &'a str,
+    after: std::time::Duration,
+    failing_since: Option<std::time::Instant>,
+    stalled: bool,
+}
+
+impl<'a> Stall<'a> {
+    fn new(consumer: &'a str, after: std::time::Duration) -> Self {
+        Stall {
+            consumer,
+            after,
+            failing_since: None,
+            stalled: false,
+        }
+    }
+
+    fn failed(&mut self) {
+        let since = *self.failing_since.get_or_insert_with(std::time::Instant::now);
+        if !self.stalled && since.elapsed() >= self.after {
+            self.stalled = true;
+            tracing::error!(consumer = %self.consumer,
+                "inbox processor: its rounds have failed for longer than stall_after ({}); nothing \
+                 is applied (effectively_inbox_processor_stalled; docs/OPERATIONS.md \"A partition is stalled\")",
+                humantime_serde::re::humantime::format_duration(self.after));
+            crate::metrics::inbox_processor_stall(self.consumer, true);
+        }
+    }
+
+    fn ok(&mut self) {
+        self.failing_since = None;
+        if std::mem::take(&mut self.stalled) {
+            crate::metrics::inbox_processor_stall(self.consumer, false);
+        }
+    }
+}
+
+impl Drop for Stall<'_> {
+    fn drop(&mut self) {
+        self.ok();
+    }
+}
+
 /// What [`Processors::apply_groups`] did with its rows (indexes, as given).
 #[derive(Debug, Default)]
 pub(super) struct Groups {
@@ -124,6 +170,7 @@ impl Processors {
         let inbox = &self.config.inbox;
         let beat = self.health.heartbeat("inbox processor", self.period());
         let mut unavailable = 0u32;
+        let mut stall = Stall::new(&self.consumer, self.config.stall_after);
         loop {
             beat.beat();
             if stop.is_cancelled() {
@@ -133,6 +180,7 @@ impl Processors {
             match self.round(slice, &stop).await {
                 Ok(round) => {
                     unavailable = 0;
+                    stall.ok();
                     if round.claimed >= inbox.claim_batch {
                         continue;
                     }
@@ -145,6 +193,7 @@ impl Processors {
                 }
                 Err(RoundError::Unavailable(e)) => {
                     unavailable += 1;
+                    stall.failed();
                     tracing::warn!(consumer = %self.consumer, attempt = unavailable, error = %e,
                         "inbox processor: database unavailable; round rolled back");
                     tokio::select! {
