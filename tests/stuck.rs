@@ -266,3 +266,66 @@ async fn a_batch_blocked_past_stall_after_is_a_stall_until_it_commits() {
     .await;
     worker.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inbox_processors_failing_past_stall_after_are_a_stall_until_a_round_commits() {
+    let topic = common::unique("stall-inbox");
+    let consumer = common::unique("stall-inbox");
+    common::create_topic(&topic, 1).await;
+    let user = common::unique("u");
+    let db = common::pg().await;
+    db.execute(
+        "INSERT INTO wallets (user_id, balance_paise) VALUES ($1, 0)",
+        &[&user],
+    )
+    .await
+    .unwrap();
+    let mut locker = common::pg().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.execute(
+        "SELECT 1 FROM wallets WHERE user_id = $1 FOR UPDATE",
+        &[&user],
+    )
+    .await
+    .unwrap();
+
+    let payments: Vec<Payment> = (0..10).map(|i| Payment::new(&user, 2_000 + i)).collect();
+    common::send_payments(&common::producer(), &topic, Some(0), &payments).await;
+    // The processor's round claims the rows and waits on the wallet's lock (up to the
+    // transaction deadline, 30 s): past stall_after it is a stall.
+    let cfg = common::config(
+        &consumer,
+        &topic,
+        r#"{ kind = "cashback" }"#,
+        "strategy = \"inbox\"\nstall_after = \"2s\"\n[consumer.inbox]\nprocessors = 1",
+    );
+    let worker = common::start(cfg).await;
+    let (db, consumer) = (&db, &consumer);
+
+    eventually(60, "the inbox processor stalled", || async move {
+        sum(effectively::metrics::INBOX_PROCESSOR_STALLED, consumer) == 1.0
+    })
+    .await;
+    assert_eq!(ledger(db, consumer).await.credits, 0, "nothing applied");
+    assert_eq!(
+        sum(PARTITION_STALLED, consumer),
+        0.0,
+        "the receiver stores its batches: the partition itself is not stalled"
+    );
+
+    lock.rollback().await.unwrap();
+    eventually(60, "every payment credited once the lock is gone", || async move {
+        ledger(db, consumer).await.credits >= 10
+    })
+    .await;
+    let l = ledger(db, consumer).await;
+    let expected: i64 = payments.iter().map(|p| p.amount_paise * 2 / 100).sum();
+    // (An inbox consumer's dedupe keys are its inbox rows, not processed_messages.)
+    assert_eq!((l.credits, l.distinct_payments, l.parked), (10, 10, 0), "{l:?}");
+    assert_eq!(common::wallet_total(db, &[user.clone()]).await, expected);
+    eventually(20, "the stall cleared", || async move {
+        sum(effectively::metrics::INBOX_PROCESSOR_STALLED, consumer) == 0.0
+    })
+    .await;
+    worker.stop().await.unwrap();
+}

@@ -40,8 +40,9 @@ pub struct ConsumerConfig {
     pub retry: RetryConfig,
     /// A batch still not committed after this long, retrying whatever the cause, is a stall:
     /// its partition's `effectively_partition_stalled` gauge goes to 1 (an alert, the console
-    /// marks it) until the batch ends. Also an inbox processor whose rounds have failed this
-    /// long. Default 1 minute.
+    /// marks it) until the batch ends. Also an inbox processor whose round has not succeeded
+    /// for this long (one waiting on a lock, or rounds failing again and again). Default 1
+    /// minute.
     #[serde(default = "default_stall_after", with = "humantime_serde")]
     pub stall_after: Duration,
     /// How long dedupe keys are kept: the latest a copy can arrive and still be recognised.

@@ -75,13 +75,15 @@ pub struct Round {
     pub versions: crate::version::Skipped,
 }
 
-/// A processor whose rounds have failed for longer than the consumer's `stall_after` is
-/// stalled (`effectively_inbox_processor_stalled` counts it) until a round succeeds or the
-/// processor stops.
+/// A processor whose round, with the failed rounds before it, has gone on for longer than the
+/// consumer's `stall_after` is stalled (`effectively_inbox_processor_stalled` counts it) until a
+/// round succeeds or the processor stops: a round waiting on a lock, or failing again and again
+/// while the database is unavailable.
 struct Stall<'a> {
     consumer: &'a str,
     after: std::time::Duration,
-    failing_since: Option<std::time::Instant>,
+    /// When the first of the rounds that have not succeeded since started.
+    failing_since: Option<tokio::time::Instant>,
     stalled: bool,
 }
 
@@ -95,21 +97,45 @@ impl<'a> Stall<'a> {
         }
     }
 
-    fn failed(&mut self) {
-        let since = *self.failing_since.get_or_insert_with(std::time::Instant::now);
-        if !self.stalled && since.elapsed() >= self.after {
-            self.stalled = true;
-            tracing::error!(consumer = %self.consumer,
-                "inbox processor: its rounds have failed for longer than stall_after ({}); nothing \
-                 is applied (effectively_inbox_processor_stalled; docs/OPERATIONS.md \"A partition is stalled\")",
-                humantime_serde::re::humantime::format_duration(self.after));
-            crate::metrics::inbox_processor_stall(self.consumer, true);
+    /// Runs one round, marking the stall when it begins (while the round runs) and clearing
+    /// it when a round succeeds.
+    async fn watch<F>(&mut self, round: F) -> Result<Round, RoundError>
+    where
+        F: std::future::Future<Output = Result<Round, RoundError>>,
+    {
+        let since = *self
+            .failing_since
+            .get_or_insert_with(tokio::time::Instant::now);
+        tokio::pin!(round);
+        let out = match self.stalled {
+            true => round.await,
+            false => tokio::select! {
+                out = &mut round => out,
+                _ = tokio::time::sleep_until(since + self.after) => {
+                    self.begin();
+                    round.await
+                }
+            },
+        };
+        if out.is_ok() {
+            self.ok();
         }
+        out
+    }
+
+    fn begin(&mut self) {
+        self.stalled = true;
+        tracing::error!(consumer = %self.consumer,
+            "inbox processor: a round has not succeeded for longer than stall_after ({}); nothing \
+             is applied meanwhile (effectively_inbox_processor_stalled; docs/OPERATIONS.md \"A partition is stalled\")",
+            humantime_serde::re::humantime::format_duration(self.after));
+        crate::metrics::inbox_processor_stall(self.consumer, true);
     }
 
     fn ok(&mut self) {
         self.failing_since = None;
         if std::mem::take(&mut self.stalled) {
+            tracing::info!(consumer = %self.consumer, "inbox processor: a round succeeded; no longer stalled");
             crate::metrics::inbox_processor_stall(self.consumer, false);
         }
     }
@@ -177,10 +203,9 @@ impl Processors {
                 return Ok(());
             }
             let woken = self.stored.notified();
-            match self.round(slice, &stop).await {
+            match stall.watch(self.round(slice, &stop)).await {
                 Ok(round) => {
                     unavailable = 0;
-                    stall.ok();
                     if round.claimed >= inbox.claim_batch {
                         continue;
                     }
@@ -193,7 +218,6 @@ impl Processors {
                 }
                 Err(RoundError::Unavailable(e)) => {
                     unavailable += 1;
-                    stall.failed();
                     tracing::warn!(consumer = %self.consumer, attempt = unavailable, error = %e,
                         "inbox processor: database unavailable; round rolled back");
                     tokio::select! {

@@ -250,6 +250,6 @@ pub(super) fn describe() {
     describe_gauge!(
         INBOX_PROCESSOR_STALLED,
         Unit::Count,
-        "Inbox processors of a consumer whose rounds have failed (database unavailable) for longer than the consumer's stall_after."
+        "Inbox processors of a consumer whose round has not succeeded for longer than the consumer's stall_after: a round waiting on a lock, or rounds failing again and again (the database unavailable)."
     );
 }

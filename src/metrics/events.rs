@@ -408,7 +408,7 @@ pub fn partition_stalled(consumer: &str, topic: &str, partition: i32, stalled: b
         .set(if stalled { 1.0 } else { 0.0 });
 }
 
-/// An inbox processor's rounds have failed past `stall_after` (`began`), or the stall ended
+/// An inbox processor's round has not succeeded for `stall_after` (`began`), or the stall ended
 /// (a round succeeded, or the processor stopped).
 pub fn inbox_processor_stall(consumer: &str, began: bool) {
     let g = gauge!(INBOX_PROCESSOR_STALLED, "consumer" => consumer.to_string());
