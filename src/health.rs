@@ -582,7 +582,8 @@ mod tests {
         assert!(!r.ok, "{}", r.text);
         assert!(
             r.text.contains("every partition it holds (2) is stuck")
-                && r.text.contains("payments/1: Broker: Topic authorization failed"),
+                && r.text
+                    .contains("payments/1: Broker: Topic authorization failed"),
             "{}",
             r.text
         );
@@ -591,7 +592,11 @@ mod tests {
         p1.stuck(Some("again"));
         drop(p1);
         let r = h.readiness();
-        assert!(!r.ok && r.text.contains("(1) is stuck"), "p1 revoked: p0 is all it holds: {}", r.text);
+        assert!(
+            !r.ok && r.text.contains("(1) is stuck"),
+            "p1 revoked: p0 is all it holds: {}",
+            r.text
+        );
         drop(p0);
         assert!(h.readiness().ok, "no partition: {}", h.readiness().text);
     }

@@ -76,21 +76,31 @@ async fn applied_once(codec: &str) {
 
     let worker = common::start_cashback(&consumer, &topic, "").await;
     let db = common::pg().await;
-    eventually(60, &format!("{codec}: {PAYMENTS} payments credited"), || {
-        let (db, c) = (&db, &consumer);
-        async move { ledger(db, c).await.credits >= PAYMENTS }
-    })
+    eventually(
+        60,
+        &format!("{codec}: {PAYMENTS} payments credited"),
+        || {
+            let (db, c) = (&db, &consumer);
+            async move { ledger(db, c).await.credits >= PAYMENTS }
+        },
+    )
     .await;
     let l = ledger(&db, &consumer).await;
     let expected: i64 = payments.iter().map(|p| p.amount_paise * 2 / 100).sum();
-    assert_eq!(l.credits, PAYMENTS, "{codec}: one credit per payment: {l:?}");
+    assert_eq!(
+        l.credits, PAYMENTS,
+        "{codec}: one credit per payment: {l:?}"
+    );
     assert_eq!(l.distinct_payments, PAYMENTS, "{codec}: {l:?}");
     assert_eq!(l.dedupe_keys, PAYMENTS, "{codec}: {l:?}");
     assert_eq!(l.cashback_paise, expected, "{codec}: {l:?}");
     assert_eq!(l.parked, 0, "{codec}: nothing parked: {l:?}");
     assert_eq!(common::wallet_total(&db, &users).await, expected, "{codec}");
     let s = worker.stats(&consumer).unwrap().snapshot();
-    assert_eq!(s.records, PAYMENTS as u64, "{codec}: each record read once: {s:?}");
+    assert_eq!(
+        s.records, PAYMENTS as u64,
+        "{codec}: each record read once: {s:?}"
+    );
     assert_eq!(s.duplicates, 0, "{codec}: {s:?}");
     assert_eq!(
         partition_errors(&consumer),

@@ -43,7 +43,10 @@ fn sum(metric: &str, consumer: &str) -> f64 {
 /// The stack's broker's jars, found beside its CA file (`.stack/kafka/tls/ca.pem`).
 fn kafka_home() -> PathBuf {
     let ca = common::setting("KAFKA_CA_FILE", "");
-    assert!(!ca.is_empty(), "KAFKA_CA_FILE is not set: run `scripts/stack.sh up`");
+    assert!(
+        !ca.is_empty(),
+        "KAFKA_CA_FILE is not set: run `scripts/stack.sh up`"
+    );
     PathBuf::from(ca)
         .parent()
         .and_then(|tls| tls.parent())
@@ -74,7 +77,10 @@ fn acls(args: &[&str]) {
 fn over_sasl(cfg: &mut Config) {
     let get = |name: &str| {
         let v = common::setting(name, "");
-        assert!(!v.is_empty(), "{name} is not set: run `scripts/stack.sh up`");
+        assert!(
+            !v.is_empty(),
+            "{name} is not set: run `scripts/stack.sh up`"
+        );
         v
     };
     cfg.kafka.brokers = get("KAFKA_SASL_BROKERS");
@@ -127,8 +133,24 @@ async fn a_topic_the_user_may_not_read_is_stuck_visibly_and_resumes_when_allowed
     common::create_topic(&topic, 2).await;
     // The user may see the topic (metadata) but not read it: the group forms, the partitions
     // are assigned, and every fetch fails.
-    acls(&["--add", "--allow-principal", "User:effectively", "--operation", "Describe", "--topic", &topic]);
-    acls(&["--add", "--deny-principal", "User:effectively", "--operation", "Read", "--topic", &topic]);
+    acls(&[
+        "--add",
+        "--allow-principal",
+        "User:effectively",
+        "--operation",
+        "Describe",
+        "--topic",
+        &topic,
+    ]);
+    acls(&[
+        "--add",
+        "--deny-principal",
+        "User:effectively",
+        "--operation",
+        "Read",
+        "--topic",
+        &topic,
+    ]);
     let users: Vec<String> = (0..4).map(|_| common::unique("u")).collect();
     let payments: Vec<Payment> = (0..40)
         .map(|i| Payment::new(&users[i % 4], 1_000 + i as i64))
@@ -160,8 +182,9 @@ async fn a_topic_the_user_may_not_read_is_stuck_visibly_and_resumes_when_allowed
     let ready = health.readiness();
     assert!(!ready.ok, "every partition stuck: not ready");
     assert!(
-        ready.text.contains(&format!("consumer {consumer}: every partition it holds (2) is stuck"))
-            && ready.text.to_lowercase().contains("authoriz"),
+        ready.text.contains(&format!(
+            "consumer {consumer}: every partition it holds (2) is stuck"
+        )) && ready.text.to_lowercase().contains("authoriz"),
         "{}",
         ready.text
     );
@@ -180,13 +203,19 @@ async fn a_topic_the_user_may_not_read_is_stuck_visibly_and_resumes_when_allowed
     assert_eq!(ledger(db, consumer).await.credits, 0, "nothing read");
 
     acls(&["--remove", "--force", "--topic", &topic]);
-    eventually(60, "every payment credited once the topic is readable", || async move {
-        ledger(db, consumer).await.credits >= 40
-    })
+    eventually(
+        60,
+        "every payment credited once the topic is readable",
+        || async move { ledger(db, consumer).await.credits >= 40 },
+    )
     .await;
     let l = ledger(db, consumer).await;
     let expected: i64 = payments.iter().map(|p| p.amount_paise * 2 / 100).sum();
-    assert_eq!((l.credits, l.distinct_payments, l.dedupe_keys), (40, 40, 40), "{l:?}");
+    assert_eq!(
+        (l.credits, l.distinct_payments, l.dedupe_keys),
+        (40, 40, 40),
+        "{l:?}"
+    );
     assert_eq!(l.cashback_paise, expected, "{l:?}");
     assert_eq!(l.parked, 0, "nothing parked: {l:?}");
     assert_eq!(common::wallet_total(db, &users).await, expected);
@@ -234,10 +263,14 @@ async fn a_batch_blocked_past_stall_after_is_a_stall_until_it_commits() {
         sum(PARTITION_STALLED, consumer) == 1.0
     })
     .await;
-    eventually(20, "the stall in the partition's health row", || async move {
-        let rows = partition_health::of_consumer(db, consumer).await.unwrap();
-        rows.len() == 1 && rows[0].marks.stalled_since.is_some()
-    })
+    eventually(
+        20,
+        "the stall in the partition's health row",
+        || async move {
+            let rows = partition_health::of_consumer(db, consumer).await.unwrap();
+            rows.len() == 1 && rows[0].marks.stalled_since.is_some()
+        },
+    )
     .await;
     let cfg = common::config(consumer, &topic, r#"{ kind = "cashback" }"#, "");
     let page = overview(&cfg).await;
@@ -248,9 +281,11 @@ async fn a_batch_blocked_past_stall_after_is_a_stall_until_it_commits() {
     assert_eq!(ledger(db, consumer).await.credits, 0, "nothing committed");
 
     lock.rollback().await.unwrap();
-    eventually(60, "every payment credited once the lock is gone", || async move {
-        ledger(db, consumer).await.credits >= 10
-    })
+    eventually(
+        60,
+        "every payment credited once the lock is gone",
+        || async move { ledger(db, consumer).await.credits >= 10 },
+    )
     .await;
     let l = ledger(db, consumer).await;
     let expected: i64 = payments.iter().map(|p| p.amount_paise * 2 / 100).sum();
@@ -314,14 +349,20 @@ async fn inbox_processors_failing_past_stall_after_are_a_stall_until_a_round_com
     );
 
     lock.rollback().await.unwrap();
-    eventually(60, "every payment credited once the lock is gone", || async move {
-        ledger(db, consumer).await.credits >= 10
-    })
+    eventually(
+        60,
+        "every payment credited once the lock is gone",
+        || async move { ledger(db, consumer).await.credits >= 10 },
+    )
     .await;
     let l = ledger(db, consumer).await;
     let expected: i64 = payments.iter().map(|p| p.amount_paise * 2 / 100).sum();
     // (An inbox consumer's dedupe keys are its inbox rows, not processed_messages.)
-    assert_eq!((l.credits, l.distinct_payments, l.parked), (10, 10, 0), "{l:?}");
+    assert_eq!(
+        (l.credits, l.distinct_payments, l.parked),
+        (10, 10, 0),
+        "{l:?}"
+    );
     assert_eq!(common::wallet_total(db, &[user.clone()]).await, expected);
     eventually(20, "the stall cleared", || async move {
         sum(effectively::metrics::INBOX_PROCESSOR_STALLED, consumer) == 0.0

@@ -28,14 +28,6 @@ pub enum Compression {
 }
 
 impl Compression {
-    pub const ALL: [Compression; 5] = [
-        Compression::None,
-        Compression::Gzip,
-        Compression::Snappy,
-        Compression::Lz4,
-        Compression::Zstd,
-    ];
-
     /// librdkafka's name for it.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -398,14 +398,20 @@ pub fn partition_fetch_error(consumer: &str, topic: &str, partition: i32, code: 
 
 /// The partition is stuck (its last fetch failed, no record since), or not any more.
 pub fn partition_stuck(consumer: &str, topic: &str, partition: i32, stuck: bool) {
-    gauge!(PARTITION_STUCK, &partition_labels(consumer, topic, partition))
-        .set(if stuck { 1.0 } else { 0.0 });
+    gauge!(
+        PARTITION_STUCK,
+        &partition_labels(consumer, topic, partition)
+    )
+    .set(if stuck { 1.0 } else { 0.0 });
 }
 
 /// The partition's batch has been retrying past `stall_after`, or it ended.
 pub fn partition_stalled(consumer: &str, topic: &str, partition: i32, stalled: bool) {
-    gauge!(PARTITION_STALLED, &partition_labels(consumer, topic, partition))
-        .set(if stalled { 1.0 } else { 0.0 });
+    gauge!(
+        PARTITION_STALLED,
+        &partition_labels(consumer, topic, partition)
+    )
+    .set(if stalled { 1.0 } else { 0.0 });
 }
 
 /// An inbox processor's round has not succeeded for `stall_after` (`began`), or the stall ended

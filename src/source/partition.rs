@@ -16,10 +16,10 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use super::context::RebalanceContext;
-use super::watch::PartitionWatch;
 use super::range::{
     self, check, decide, store_move, watermarks, what_a_seek_does, Action, STOP_ACTIONS,
 };
+use super::watch::PartitionWatch;
 use crate::batch::{Batch, Raw, Record};
 use crate::config::{BatchConfig, ConsumerConfig, OffsetReset};
 use crate::envelope::Decoder;

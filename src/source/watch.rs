@@ -114,8 +114,12 @@ impl PartitionWatch {
         }
         *stuck = false;
         let (c, t, p) = (&*self.consumer, &*self.topic, self.partition);
-        tracing::info!(consumer = c, topic = t, partition = p,
-            "the partition's fetch succeeds again: no longer stuck");
+        tracing::info!(
+            consumer = c,
+            topic = t,
+            partition = p,
+            "the partition's fetch succeeds again: no longer stuck"
+        );
         metrics::partition_stuck(c, t, p, false);
         self.health.stuck(None);
         self.marks.send_modify(|m| m.stuck = None);
@@ -134,7 +138,8 @@ impl PartitionWatch {
              committed (effectively_partition_stalled = 1; docs/OPERATIONS.md \"A partition is stalled\")",
             humantime_serde::re::humantime::format_duration(self.stall_after));
         metrics::partition_stalled(c, t, p, true);
-        self.marks.send_modify(|m| m.stalled_since = Some(Utc::now()));
+        self.marks
+            .send_modify(|m| m.stalled_since = Some(Utc::now()));
         // Cleared however the batch ends: committed, failed, or the task aborted.
         struct Unstall<'a>(&'a PartitionWatch);
         impl Drop for Unstall<'_> {
@@ -146,7 +151,12 @@ impl PartitionWatch {
         }
         let _unstall = Unstall(self);
         let out = work.await;
-        tracing::info!(consumer = c, topic = t, partition = p, "the stalled batch ended");
+        tracing::info!(
+            consumer = c,
+            topic = t,
+            partition = p,
+            "the stalled batch ended"
+        );
         out
     }
 }

@@ -106,7 +106,16 @@ pub(super) async fn drain(
     drop_keys: u64,
     workers: usize,
 ) -> anyhow::Result<(Drain, Option<DropDuringDrain>)> {
-    drain_with(bin, args, strategy, events, drop_keys, workers, Compression::None).await
+    drain_with(
+        bin,
+        args,
+        strategy,
+        events,
+        drop_keys,
+        workers,
+        Compression::None,
+    )
+    .await
 }
 
 /// [`drain`] of a topic the producer wrote with `compression`.

@@ -122,7 +122,9 @@ pub async fn page(State(s): State<Arc<Shared>>, uri: Uri) -> Result<Response, Co
                 stuck: m
                     .stuck
                     .map(|(since, error)| format!("stuck for {}: {error}", ago(since, now))),
-                stalled: m.stalled_since.map(|since| format!("stalled for {}", ago(since, now))),
+                stalled: m
+                    .stalled_since
+                    .map(|since| format!("stalled for {}", ago(since, now))),
                 topic: o.topic,
                 partition: o.partition,
                 stored: stored.map_or_else(|| "-".into(), thousands),
