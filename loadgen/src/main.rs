@@ -114,6 +114,9 @@ struct Args {
     /// published more than once.
     #[arg(long)]
     via_outbox: bool,
+    /// The producer's compression codec (`compression.type`): the engine reads them all.
+    #[arg(long, value_enum, default_value = "none")]
+    compression: session::Compression,
 }
 
 #[derive(Debug, Parser)]

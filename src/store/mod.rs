@@ -13,6 +13,7 @@ pub mod notifications;
 pub mod offsets;
 pub mod outbox;
 pub mod parked;
+pub mod partition_health;
 pub mod partitions;
 pub mod pool;
 pub mod retention;
