@@ -52,8 +52,9 @@ DEBUG_FEATURES := --features effectively/failpoints
 # groups), a short out-of-order order-status stream (versioned writes, full-state and delta), a
 # short demo run (10 s at 500 msg/s) that must verify, then one short failover scenario on the
 # cluster stack (an asynchronous standby promoted without the primary's last commits: nothing
-# lost) and the cluster stopped again.
-test: up lint monitoring-check deploy-check migrate
+# lost) and the cluster stopped again. The Schema Registry is started first (registry-up): the
+# registry formats' tests talk to it.
+test: up registry-up lint monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) cargo test --workspace $(DEBUG_FEATURES)
 	$(WITH_ENV) target/debug/loadgen chaos --quick
@@ -68,7 +69,8 @@ test: up lint monitoring-check deploy-check migrate
 	$(CLUSTER) down; exit $$status
 
 # Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
-# half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE, DEMO_VIA_OUTBOX change it.
+# half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE, DEMO_VIA_OUTBOX change it;
+# DEMO_FORMAT=avro (protobuf, json-schema) writes Schema Registry payloads, starting the registry.
 demo: up
 	scripts/demo.sh
 
