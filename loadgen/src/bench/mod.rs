@@ -17,7 +17,9 @@
 //! 9. the pre-filter's replays (`replay`), 1 to 3 workers draining one topic, and
 //!    retention (dropping a day against deleting it);
 //! 10. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers, and
-//!     with commit groups (`partitions_scale`).
+//!     with commit groups (`partitions_scale`);
+//! 11. the registry formats: the batch drain in JSON, Avro, Protobuf and JSON Schema, msg/s and
+//!     worker CPU per message side by side (`formats`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
@@ -25,6 +27,7 @@
 mod connect;
 mod db;
 mod drain;
+mod formats;
 mod inbox;
 mod latency;
 mod partitions;
@@ -42,6 +45,7 @@ use serde::Serialize;
 use connect::{connect, ConnectReport};
 pub(crate) use db::{pg_cpu_seconds, settle};
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
+use formats::Formats;
 use inbox::InboxRuns;
 use latency::{latency, LatencyAt, P99_TARGET_MS};
 use partitions::{partitions_scale, PartitionsScale};
@@ -92,6 +96,8 @@ pub enum Phase {
     /// 1, 2 and 3 workers draining one topic (docs/SCALING.md).
     Workers,
     Partitions,
+    /// The batch drain in JSON, Avro, Protobuf and JSON Schema (the decode's cost).
+    Formats,
 }
 
 struct Sizes {
@@ -109,6 +115,8 @@ struct Sizes {
     river: u64,
     /// Each run of the many-partitions phase.
     partitions: Duration,
+    /// Payments of each format's drain: a tenth of the batch drain's, 10,000 to 100,000.
+    formats: u64,
 }
 
 /// The inbox curve's size limit: each of its six runs stores the topic and applies every row,
@@ -136,6 +144,7 @@ impl Sizes {
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
             river: ((200_000.0 * f) as u64).max(2_000),
             partitions: Duration::from_secs_f64((60.0 * f).max(20.0)),
+            formats: (batch / 10).clamp(10_000, 100_000),
         })
     }
 }
@@ -226,6 +235,10 @@ struct BenchReport {
     /// Why the many-partitions phase could not measure, if it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     partitions_error: Option<String>,
+    /// The batch drain in each payload format: msg/s and worker CPU per message, against JSON.
+    formats: Formats,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    formats_error: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -447,6 +460,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             Err(e) => {
                 eprintln!("   the many-partitions phase failed: {e:#}");
                 report.partitions_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
+    }
+
+    if wants(Phase::Formats) {
+        eprintln!(
+            "== payload formats: the batch drain of {} payments in JSON, Avro, Protobuf and \
+             JSON Schema",
+            sizes.formats
+        );
+        match formats::formats(&bin, &args, sizes.formats).await {
+            Ok(f) => {
+                report.verified &= f.verified();
+                report.formats = f;
+            }
+            Err(e) => {
+                eprintln!("   the formats phase failed: {e:#}");
+                report.formats_error = Some(format!("{e:#}"));
                 report.verified = false;
             }
         }
