@@ -48,14 +48,15 @@ deploy-check:
 # Debug builds carry the chaos failpoints (inert unless FAILPOINTS is set); release never does.
 DEBUG_FEATURES := --features effectively/failpoints
 
-# Every test, the short chaos subset (and its hard bounce under the inbox strategy and with commit
-# groups), a short out-of-order order-status stream (versioned writes, full-state and delta), a
+# Every test (the Schema Registry's with the stack's Apicurio, started here), the short chaos
+# subset (and its hard bounce under the inbox strategy and with commit groups), a short out-of-order order-status stream (versioned writes, full-state and delta), a
 # short demo run (10 s at 500 msg/s) that must verify, then one short failover scenario on the
 # cluster stack (an asynchronous standby promoted without the primary's last commits: nothing
 # lost) and the cluster stopped again. The Schema Registry is started first (registry-up): the
 # registry formats' tests talk to it.
 test: up registry-up lint monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
+	$(STACK) registry-up >/dev/null
 	$(WITH_ENV) cargo test --workspace $(DEBUG_FEATURES)
 	$(WITH_ENV) target/debug/loadgen chaos --quick
 	$(WITH_ENV) target/debug/loadgen chaos --quick --strategy inbox --scenario hard-bounce

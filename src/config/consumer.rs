@@ -59,6 +59,10 @@ pub struct ConsumerConfig {
     /// committed (see `crate::prefilter`). Off by default; not with the inbox strategy.
     #[serde(default)]
     pub prefilter: Option<PrefilterConfig>,
+    /// `[consumer.payload]`: JSON (the default), or Avro, Protobuf or JSON Schema through a
+    /// Schema Registry (see `crate::envelope::format`).
+    #[serde(default)]
+    pub payload: PayloadConfig,
 }
 
 fn default_message_id() -> MessageIdSource {
@@ -356,6 +360,7 @@ impl ConsumerConfig {
                 );
             }
         }
+        p.extend(self.payload.problems());
         if matches!(self.handler, HandlerConfig::OrderStatus { .. }) && self.version.is_none() {
             p.push(
                 "handler kind \"order-status\" needs [consumer.version] (aggregate, version, mode)"

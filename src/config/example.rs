@@ -72,6 +72,19 @@ retention = "15days"        # how long a duplicate is still recognised
 future_tolerance = "1day"   # events dated further ahead are parked
 partitions_ahead = 3        # daily dedupe partitions created ahead of today
 
+# How values (and keys) are encoded: "json" as they are, or "avro", "protobuf", "json-schema" in
+# the Confluent wire format, decoded with the writer's schema from a Confluent-compatible Schema
+# Registry into the JSON the handlers read. Credentials from a variable or a file, never here.
+[consumer.payload]
+format = "json"
+# registry = "http://127.0.0.1:8081/apis/ccompat/v7"
+# key_format = "avro"       # decode the key too (default: its bytes as they are)
+# username = "svc"; password_file = "/run/secrets/registry"   # or token_env / token_file
+# ca_file = "/etc/effectively/registry-ca.pem"
+cache_capacity = 1000       # schemas kept per process (ids never change meaning)
+timeout = "10s"             # one registry request
+validate = true             # json-schema: check each record against its schema
+
 [consumer.batch]
 max_messages = 1000
 max_bytes = 4194304

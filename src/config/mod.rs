@@ -17,6 +17,7 @@ mod consumer;
 mod example;
 mod inbox;
 pub mod kafka_security;
+mod payload;
 mod prefilter;
 mod relay;
 mod sender;
@@ -30,6 +31,7 @@ pub use consumer::{
 pub use example::EXAMPLE;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
 pub use kafka_security::{KafkaSasl, KafkaTls, SaslMechanism};
+pub use payload::{PayloadConfig, PayloadFormat, RegistryAuth};
 pub use prefilter::{PrefilterConfig, Ttl};
 pub use relay::{Published, RelayConfig};
 pub use sender::{ChannelConfig, OnInterrupted, SenderConfig};

@@ -254,11 +254,11 @@ fn env_overrides_apply() {
 fn debug_never_shows_passwords() {
     let text = format!(
         "[database]\nurl = \"postgres://u:pw@h/db\"\n[kafka.options]\n\"sasl.password\" = \
-         \"hunter2\"\n\"sasl.oauthbearer.config\" = \"tok\"\n\"linger.ms\" = \"7\"\n{MINIMAL}"
+         \"hunter2\"\n\"sasl.oauthbearer.config\" = \"b3arer-v4lue\"\n\"linger.ms\" = \"7\"\n{MINIMAL}"
     );
     let config = Config::from_toml_str(&text).expect("valid");
     let debug = format!("{config:?}");
-    assert!(!debug.contains("pw") && !debug.contains("hunter2") && !debug.contains("tok"));
+    assert!(!debug.contains("pw") && !debug.contains("hunter2") && !debug.contains("b3arer-v4lue"));
     assert!(
         debug.contains("postgres://u:***@h/db") && debug.contains("\"7\""),
         "{debug}"
@@ -346,4 +346,60 @@ fn prefilter_section_is_read_and_checked() {
         Config::from_toml_str(&with("prefilter = { redis = \"redis://u:hunter2@h\" }")).unwrap()
     );
     assert!(!debug.contains("hunter2"), "{debug}");
+}
+
+#[test]
+fn a_registry_payload_needs_its_registry_and_whole_credentials() {
+    let c = consumer(&with(
+        "payload = { format = \"avro\", registry = \"http://r:8081/apis/ccompat/v7\", key_format = \"protobuf\" }",
+    ));
+    assert_eq!(c.payload.format, PayloadFormat::Avro);
+    assert_eq!(c.payload.key_format, Some(PayloadFormat::Protobuf));
+    assert!(c.payload.uses_registry());
+    assert_eq!(c.payload.cache_capacity, 1000);
+    assert!(!consumer(MINIMAL).payload.uses_registry());
+
+    let e = invalid(&with("payload = { format = \"protobuf\" }"));
+    assert!(e.contains("needs payload.registry"), "{e}");
+    let e = invalid(&with(
+        "payload = { format = \"json\", key_format = \"avro\" }",
+    ));
+    assert!(e.contains("key_format = \"avro\""), "{e}");
+    let e = invalid(&with(
+        "payload = { format = \"avro\", registry = \"r:8081\" }",
+    ));
+    assert!(e.contains("http:// or https://"), "{e}");
+    let e = invalid(&with(
+        "payload = { format = \"avro\", registry = \"http://r\", username = \"u\" }",
+    ));
+    assert!(e.contains("username and password"), "{e}");
+    let e = invalid(&with(
+        "payload = { format = \"avro\", registry = \"http://r\", username = \"u\", password_env = \"P\", token_env = \"T\" }",
+    ));
+    assert!(e.contains("not both"), "{e}");
+    assert!(is_parse_error(&with("payload = { format = \"xml\" }")));
+}
+
+#[test]
+fn registry_credentials_come_from_a_variable_or_a_file_and_never_print() {
+    let dir = std::env::temp_dir().join(format!("eff-reg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, "s3cret\n").unwrap();
+    let c = consumer(&with(&format!(
+        "payload = {{ format = \"avro\", registry = \"https://r\", token_file = {:?} }}",
+        file.display().to_string()
+    )));
+    let auth = c.payload.auth().unwrap();
+    assert!(matches!(&auth, RegistryAuth::Bearer(t) if t == "s3cret"));
+    assert!(!format!("{auth:?}").contains("s3cret"));
+    let c = consumer(&with(
+        "payload = { format = \"avro\", registry = \"https://r\", username = \"u\", password_env = \"EFFECTIVELY_TEST_UNSET_VAR\" }",
+    ));
+    assert!(c
+        .payload
+        .auth()
+        .unwrap_err()
+        .contains("EFFECTIVELY_TEST_UNSET_VAR"));
+    std::fs::remove_dir_all(dir).unwrap();
 }

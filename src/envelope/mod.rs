@@ -8,8 +8,19 @@
 //!
 //! This module knows nothing about rdkafka: the caller builds a [`RawRecord`] view, which keeps
 //! decoding testable without a broker.
+//!
+//! A consumer whose `[consumer.payload]` names a Schema Registry format reads the Confluent wire
+//! format ([`format`]) with the writer's schema from the registry ([`registry`]): the caller
+//! makes sure the record's schemas are looked up first ([`Decoder::prepare`], the one await),
+//! then [`Decoder::decode`] turns the record into the same JSON object a JSON topic carries, so
+//! everything after decoding (message ids, event dates, handlers, the SQL handler's `payload`)
+//! sees JSON whatever the topic's format.
+
+pub mod format;
+pub mod registry;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,7 +28,9 @@ use chrono::{DateTime, Days, NaiveDate, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::config::{EventDateSource, MessageIdSource};
+use crate::config::{EventDateSource, MessageIdSource, PayloadConfig};
+use format::Kind;
+use registry::{Lookup, Registry, Unavailable};
 
 /// The payload field [`EventDateSource::Auto`] reads first.
 const OCCURRED_AT: &str = "/occurred_at";
@@ -60,6 +73,9 @@ reasons! {
     MissingField => "missing_field",
     HandlerRejected => "handler_rejected",
     RetriesExhausted => "retries_exhausted",
+    NotWireFormat => "not_wire_format",
+    UnknownSchema => "unknown_schema",
+    SchemaMismatch => "schema_mismatch",
 }
 
 impl fmt::Display for Reason {
@@ -170,6 +186,16 @@ pub struct Decoder {
     event_date: DateSource,
     max_payload_bytes: usize,
     needs_json: bool,
+    /// Set when the value or the key is read through a Schema Registry.
+    registered: Option<Registered>,
+}
+
+/// What of a record goes through the registry, and which registry.
+#[derive(Debug, Clone)]
+struct Registered {
+    value: Option<Kind>,
+    key: Option<Kind>,
+    registry: Arc<Registry>,
 }
 
 /// Private copies of the config enums, so `Decoder` does not depend on which traits the config
@@ -212,7 +238,52 @@ impl Decoder {
             },
             max_payload_bytes,
             needs_json,
+            registered: None,
         }
+    }
+
+    /// Reads values (and keys, if `key_format` says so) as `[consumer.payload]` says. `Err`:
+    /// the registry's settings cannot be used (a credential file missing, a CA that does not
+    /// parse), which stops the worker before it takes any partition.
+    pub fn with_payload(mut self, payload: &PayloadConfig) -> Result<Decoder, String> {
+        if !payload.uses_registry() {
+            return Ok(self);
+        }
+        self.registered = Some(Registered {
+            value: Kind::of(payload.format),
+            key: payload.key_format.and_then(Kind::of),
+            registry: Registry::shared(payload)?,
+        });
+        Ok(self)
+    }
+
+    /// The registry this decoder reads schemas from, if any.
+    pub fn registry(&self) -> Option<&Registry> {
+        self.registered.as_ref().map(|r| &*r.registry)
+    }
+
+    /// Looks up the schemas `key` and `payload` name that are not known yet (one request per
+    /// new id, then never again). `Err` when the registry does not answer: the caller retries
+    /// and must not decode the record meanwhile. Bytes that are not in the wire format, and
+    /// ids the registry does not know, are left for [`Decoder::decode`] to reject.
+    pub async fn prepare(
+        &self,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+    ) -> Result<(), Unavailable> {
+        let Some(r) = &self.registered else {
+            return Ok(());
+        };
+        let ids = [
+            r.key.and(key).and_then(format::schema_id),
+            r.value.and(payload).and_then(format::schema_id),
+        ];
+        for id in ids.into_iter().flatten() {
+            if r.registry.cached(id).is_none() {
+                r.registry.fetch(id).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Decodes one record. `needs_json`: the handler reads payload fields, so the payload must
@@ -258,10 +329,46 @@ impl Decoder {
         }
 
         let lookup = lookup?;
-        let json = if self.wants_json(payload) {
-            Some(parse_object(payload).map_err(reject)?)
-        } else {
-            None
+        let (payload, json) = match self
+            .registered
+            .as_ref()
+            .and_then(|r| r.value.map(|k| (r, k)))
+        {
+            Some((r, kind)) => {
+                let value = registered(r, kind, payload, "value").map_err(reject)?;
+                if !value.is_object() && self.reads_fields() {
+                    return Err(reject(Rejection::new(
+                        Reason::UndecodablePayload,
+                        format!(
+                            "the value decodes to a JSON {}, but this consumer reads fields and \
+                             needs an object (a record)",
+                            json_type(&value)
+                        ),
+                    )));
+                }
+                let text = serde_json::to_vec(&value).expect("a JSON value serialises");
+                (Bytes::from(text), Some(value))
+            }
+            None => {
+                let json = if self.wants_json(payload) {
+                    Some(parse_object(payload).map_err(reject)?)
+                } else {
+                    None
+                };
+                (Bytes::copy_from_slice(payload), json)
+            }
+        };
+        let key = match (
+            self.registered.as_ref().and_then(|r| r.key.map(|k| (r, k))),
+            raw.key,
+        ) {
+            (Some((r, kind)), Some(k)) => {
+                let value = registered(r, kind, k, "key").map_err(reject)?;
+                Some(Bytes::from(
+                    serde_json::to_vec(&value).expect("a JSON value serialises"),
+                ))
+            }
+            (_, k) => k.map(Bytes::copy_from_slice),
         };
         let message_id = match lookup {
             IdLookup::Found(id) => id,
@@ -278,6 +385,7 @@ impl Decoder {
             .map(|(name, value)| name.len() + value.map_or(0, <[u8]>::len))
             .sum();
         let key_len = raw.key.map_or(0, <[u8]>::len);
+        let raw_len = raw.payload.map_or(0, <[u8]>::len);
 
         Ok(Envelope {
             partition: raw.partition,
@@ -288,10 +396,10 @@ impl Decoder {
                 .timestamp_ms
                 .filter(|ms| *ms >= 0)
                 .and_then(DateTime::from_timestamp_millis),
-            key: raw.key.map(Bytes::copy_from_slice),
-            payload: Bytes::copy_from_slice(payload),
+            key,
+            payload,
             json,
-            size: key_len + payload.len() + header_bytes,
+            size: key_len + raw_len + header_bytes,
         })
     }
 
@@ -299,6 +407,13 @@ impl Decoder {
     /// object, so opaque payloads (Avro, protobuf, text) with UUIDv7 ids still decode. A body
     /// that looks like JSON but does not parse is rejected rather than dated by its id: its
     /// `occurred_at` may be in there, and silently switching date source would hide the bug.
+    /// Whether something reads fields of the payload (so it must be an object).
+    fn reads_fields(&self) -> bool {
+        self.needs_json
+            || matches!(self.message_id, IdSource::Pointer(_))
+            || matches!(self.event_date, DateSource::Pointer(_))
+    }
+
     fn wants_json(&self, payload: &[u8]) -> bool {
         self.needs_json
             || matches!(self.message_id, IdSource::Pointer(_))
@@ -345,6 +460,47 @@ impl Decoder {
                 }),
             },
         }
+    }
+}
+
+/// Decodes a value or key in the wire format with its (already looked up) schema.
+fn registered(
+    r: &Registered,
+    kind: Kind,
+    bytes: &[u8],
+    what: &str,
+) -> Result<serde_json::Value, Rejection> {
+    let (id, body) = format::split(bytes)
+        .map_err(|e| Rejection::new(Reason::NotWireFormat, format!("the record's {what}: {e}")))?;
+    match r.registry.cached(id) {
+        Some(Lookup::Found(schema)) if schema.kind() != kind => Err(Rejection::new(
+            Reason::SchemaMismatch,
+            format!(
+                "the record's {what} names schema id {id}, a {} schema, but this consumer reads {}",
+                schema.kind().as_str(),
+                kind.as_str()
+            ),
+        )),
+        Some(Lookup::Found(schema)) => schema.decode(body).map_err(|e| {
+            Rejection::new(
+                Reason::SchemaMismatch,
+                format!("the record's {what} does not fit schema id {id}: {e}"),
+            )
+        }),
+        Some(Lookup::Refused(why)) => Err(Rejection::new(
+            Reason::UnknownSchema,
+            format!("the record's {what}: {why}"),
+        )),
+        // Decoder::prepare looks every id up first; reaching this is a bug in the caller, and
+        // parking would turn a good record into a dead letter, so it says so loudly.
+        None => Err(Rejection::new(
+            Reason::UnknownSchema,
+            format!(
+                "the record's {what} names schema id {id}, which was never looked up in {} \
+                 (Decoder::prepare was not called: a bug; redrive this record)",
+                r.registry.url()
+            ),
+        )),
     }
 }
 

@@ -228,8 +228,11 @@ fn redelivery_gives_same_key() {
 #[test]
 fn reasons_are_stable_and_distinct() {
     let codes: std::collections::HashSet<_> = R::ALL.iter().map(R::as_str).collect();
-    assert_eq!(codes.len(), 12);
+    assert_eq!(codes.len(), R::ALL.len());
     assert_eq!(R::RetriesExhausted.as_str(), "retries_exhausted");
+    assert_eq!(R::NotWireFormat.as_str(), "not_wire_format");
+    assert_eq!(R::UnknownSchema.as_str(), "unknown_schema");
+    assert_eq!(R::SchemaMismatch.as_str(), "schema_mismatch");
     let r = Rejection::new(R::MissingField, "no amount");
     assert_eq!(r.to_string(), "missing_field: no amount");
     assert_eq!(uuid7_date(&Uuid::new_v4()), None);

@@ -14,10 +14,15 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 mod describe;
 mod events;
 mod prefilter;
+mod registry;
 
 // The events are the module's interface: `metrics::batch_committed(..)`, as before the split.
 pub use events::*;
 pub use prefilter::{PrefilterMetrics, PrefilterOp};
+pub use registry::{
+    schema_registry_error, schema_registry_series, schema_registry_unavailable,
+    SCHEMA_REGISTRY_ERRORS, SCHEMA_REGISTRY_UNAVAILABLE,
+};
 
 pub const E2E_LATENCY: &str = "effectively_e2e_latency_seconds";
 pub const BATCH_SIZE: &str = "effectively_batch_size_records";
@@ -114,6 +119,8 @@ pub const ALL: &[&str] = &[
     PREFILTER_DURATION,
     OFFSET_OUT_OF_RANGE,
     OFFSET_OUT_OF_RANGE_RESETS,
+    SCHEMA_REGISTRY_UNAVAILABLE,
+    SCHEMA_REGISTRY_ERRORS,
 ];
 
 /// Where `effectively run` serves `/metrics` unless told otherwise.
@@ -160,6 +167,7 @@ pub fn recorder() -> Result<&'static PrometheusHandle, MetricsError> {
         .and_then(|b| b.install_recorder())?;
     let h = RECORDER.get_or_init(|| handle);
     describe::describe();
+    registry::describe();
     std::thread::Builder::new()
         .name("metrics-upkeep".into())
         .spawn(move || loop {

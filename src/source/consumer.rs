@@ -175,12 +175,22 @@ impl Source {
             self.config.name.clone(),
         );
 
-        let decoder = Arc::new(Decoder::new(
-            &self.config.message_id,
-            &self.config.event_date,
-            self.config.max_payload_bytes,
-            self.handler.needs_json() || self.config.version.is_some(),
-        ));
+        let decoder = Arc::new(
+            Decoder::new(
+                &self.config.message_id,
+                &self.config.event_date,
+                self.config.max_payload_bytes,
+                self.handler.needs_json() || self.config.version.is_some(),
+            )
+            .with_payload(&self.config.payload)
+            .map_err(|reason| SourceError::Fatal {
+                consumer: self.config.name.clone(),
+                reason,
+            })?,
+        );
+        if decoder.registry().is_some() {
+            crate::metrics::schema_registry_series(&self.config.name);
+        }
         let (exit_tx, mut exits) = mpsc::unbounded_channel::<(TopicPartition, Exit)>();
         // Fenced partitions, sent back after FENCED_RECLAIM_AFTER to be claimed again if Kafka
         // still assigns them to this worker.

@@ -3,13 +3,14 @@
 //! partition that batches records and hands them to the strategy ([`partition`]), and a stored
 //! offset outside the partition's log ([`range`]).
 //!
-//! Each file uses only the ones listed after it: `consumer` → `partition` → `range` →
-//! `context`.
+//! Each file uses only the ones listed after it: `consumer` → `partition` → `schemas` →
+//! `range` → `context` ([`schemas`]: the wait for a Schema Registry before decoding).
 
 pub mod consumer;
 pub mod context;
 pub mod partition;
 pub mod range;
+pub mod schemas;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -19,6 +19,7 @@ use super::context::RebalanceContext;
 use super::range::{
     self, check, decide, store_move, watermarks, what_a_seek_does, Action, STOP_ACTIONS,
 };
+use super::schemas;
 use crate::batch::{Batch, Raw, Record};
 use crate::config::{BatchConfig, ConsumerConfig, OffsetReset};
 use crate::envelope::Decoder;
@@ -161,6 +162,9 @@ impl PartitionTask {
             _ = cancel.cancelled() => return None,
             m = self.queue.recv() => m,
         };
+        if !self.schemas_ready(&first, cancel).await {
+            return None;
+        }
         self.take(first, &mut batch);
         let deadline = Instant::now() + bounds.linger;
         let mut drained = false;
@@ -169,7 +173,12 @@ impl PartitionTask {
             && Instant::now() < deadline
         {
             match self.queue.recv().now_or_never() {
-                Some(m) => self.take(m, &mut batch),
+                Some(m) => {
+                    if !self.schemas_ready(&m, cancel).await {
+                        return None;
+                    }
+                    self.take(m, &mut batch)
+                }
                 None => {
                     drained = true;
                     break;
@@ -186,6 +195,24 @@ impl PartitionTask {
             self.limit
         };
         Some(batch)
+    }
+
+    /// A record in a Schema Registry format waits here until its schemas are known (see
+    /// [`schemas`]); `false`: cancelled meanwhile.
+    async fn schemas_ready(
+        &self,
+        m: &Result<BorrowedMessage<'_>, rdkafka::error::KafkaError>,
+        cancel: &CancellationToken,
+    ) -> bool {
+        schemas::ready(
+            &self.decoder,
+            m,
+            &self.ctx.consumer,
+            &self.ctx.topic,
+            self.ctx.partition,
+            cancel,
+        )
+        .await
     }
 
     fn take(&self, m: Result<BorrowedMessage<'_>, rdkafka::error::KafkaError>, batch: &mut Batch) {

@@ -5,6 +5,7 @@
 pub mod poison;
 pub mod redis_server;
 pub mod relay;
+pub mod schema_registry;
 
 use std::time::Duration;
 
