@@ -49,12 +49,13 @@ deploy-check:
 DEBUG_FEATURES := --features effectively/failpoints
 
 # Every test (the Schema Registry's with the stack's Apicurio, started here), the short chaos
-# subset (and its hard bounce under the inbox strategy and with commit groups), a short out-of-order order-status stream (versioned writes, full-state and delta), a
-# short demo run (10 s at 500 msg/s) that must verify, then one short failover scenario on the
-# cluster stack (an asynchronous standby promoted without the primary's last commits: nothing
-# lost) and the cluster stopped again. The Schema Registry is started first (registry-up): the
-# registry formats' tests talk to it.
-test: up registry-up lint monitoring-check deploy-check migrate
+# subset (and its hard bounce under the inbox strategy and with commit groups), a short
+# out-of-order order-status stream (versioned writes, full-state and delta), a short demo run
+# (10 s at 500 msg/s) that must verify, its outbox walk, and 10 s of it in Avro through the
+# registry (loadgen's serializers against the engine's decoding), then one short failover
+# scenario on the cluster stack (an asynchronous standby promoted without the primary's last
+# commits: nothing lost) and the cluster stopped again.
+test: up lint monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(STACK) registry-up >/dev/null
 	$(WITH_ENV) cargo test --workspace $(DEBUG_FEATURES)
@@ -65,6 +66,7 @@ test: up registry-up lint monitoring-check deploy-check migrate
 	$(WITH_ENV) target/debug/loadgen orders --quick --mode delta
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
 	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_VIA_OUTBOX=1 scripts/demo.sh
+	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_FORMAT=avro scripts/demo.sh
 	$(MAKE) --no-print-directory cluster-up
 	status=0; $(WITH_CLUSTER) target/debug/loadgen chaos-cluster --quick || status=1; \
 	$(CLUSTER) down; exit $$status
