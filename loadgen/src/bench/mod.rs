@@ -115,7 +115,9 @@ struct Sizes {
     river: u64,
     /// Each run of the many-partitions phase.
     partitions: Duration,
-    /// Payments of each format's drain: a tenth of the batch drain's, 10,000 to 100,000.
+    /// Payments of each format's drain: a tenth of the batch drain's, 50,000 to 100,000 (a
+    /// drain of 10,000 lasts half a second, and the worker's start-up is then a fifth of its
+    /// CPU per message).
     formats: u64,
 }
 
@@ -144,7 +146,7 @@ impl Sizes {
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
             river: ((200_000.0 * f) as u64).max(2_000),
             partitions: Duration::from_secs_f64((60.0 * f).max(20.0)),
-            formats: (batch / 10).clamp(10_000, 100_000),
+            formats: (batch / 10).clamp(50_000, 100_000),
         })
     }
 }
