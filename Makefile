@@ -82,8 +82,9 @@ demo: up
 # scripts/connect.sh), the inbox's processor curve and its processors against River (the Go job
 # queue: loadgen builds peers/river with Go 1.26 into target/peers/, modules from the Go module
 # proxy), latency at 500 and 2,000 msg/s, the pre-filter's replays, 1 to 3 workers on one topic,
-# RSS and CPU per message. Writes target/bench/report.json. BENCH_SCALE=quick takes about 10
-# minutes; BENCH_ONLY=river,inbox runs some phases.
+# RSS and CPU per message, and the batch drain in JSON, Avro, Protobuf and JSON Schema (the
+# stack's Schema Registry, started if need be). Writes target/bench/report.json.
+# BENCH_SCALE=quick takes about 10 minutes; BENCH_ONLY=river,inbox runs some phases.
 bench: up
 	cargo build -q --release --workspace --bins
 	scripts/connect.sh fetch
