@@ -50,9 +50,21 @@ kafka_up() {
     echo "$KAFKA_BROKERS" >"$STACK_DIR/kafka.brokers"
     return 0
   fi
+  kafka_tls_material
   if pid_alive "$KAFKA_HOME/pid"; then
-    log "kafka already running (pid $(cat "$KAFKA_HOME/pid")) at $(cat "$STACK_DIR/kafka.brokers")"
-    return 0
+    # The update path: a running broker keeps running unless the settings this script writes
+    # changed since it started (a static setting such as the authorizer applies at a restart).
+    local running_port
+    running_port=$(cat "$KAFKA_HOME/port")
+    kafka_properties "$running_port" >"$KAFKA_HOME/server.properties.new"
+    if cmp -s "$KAFKA_HOME/server.properties.new" "$KAFKA_HOME/server.properties"; then
+      rm -f "$KAFKA_HOME/server.properties.new"
+      log "kafka already running (pid $(cat "$KAFKA_HOME/pid")) at $(cat "$STACK_DIR/kafka.brokers")"
+      return 0
+    fi
+    log "kafka's settings changed (server.properties): restarting the broker to apply them"
+    kafka_down
+    rm -f "$KAFKA_HOME/server.properties.new"
   fi
   local port=${KAFKA_PORT:-}
   if [ -z "$port" ]; then
@@ -63,9 +75,24 @@ kafka_up() {
       port_busy "$((port + 3))"; then port=$(free_port_from 9092 4); fi
   fi
   echo "$port" >"$KAFKA_HOME/port"
-  kafka_tls_material
-  local tls=$KAFKA_HOME/tls scram="org.apache.kafka.common.security.scram.ScramLoginModule required;"
-  cat >"$KAFKA_HOME/server.properties" <<EOF
+  kafka_properties "$port" >"$KAFKA_HOME/server.properties"
+  if [ ! -f "$KAFKA_HOME/data/meta.properties" ]; then
+    kafka_format "$KAFKA_HOME/server.properties" "$(kafka_java kafka.tools.StorageTool random-uuid)" \
+      "$KAFKA_HOME/logs/format.log"
+  fi
+  log "starting Apache Kafka $(kafka_version) on 127.0.0.1:$port (logs: $KAFKA_HOME/logs)"
+  kafka_spawn "$KAFKA_HOME/server.properties" "$KAFKA_HOME/logs" "$KAFKA_HOME/pid" "${KAFKA_HEAP:-768m}"
+  echo "127.0.0.1:$port" >"$STACK_DIR/kafka.brokers"
+  kafka_wait "$KAFKA_HOME/pid" "$KAFKA_HOME/logs" kafka_answers "127.0.0.1:$port"
+  log "kafka answers metadata requests: $(grep -m1 -o 'Kafka version: [^ ]*' "$KAFKA_HOME/logs/server.log" || true)"
+  kafka_scram_user "127.0.0.1:$port"
+}
+
+# The broker's server.properties for PORT (plaintext; +1 controller, +2 TLS, +3 SASL over TLS),
+# on stdout: written at each start, and compared with the running broker's on `up`.
+kafka_properties() {
+  local port=$1 tls=$KAFKA_HOME/tls scram="org.apache.kafka.common.security.scram.ScramLoginModule required;"
+  cat <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$((port + 1))
@@ -94,17 +121,14 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 log.retention.hours=168
+# ACLs, for the test of a partition the engine may not read (tests/stuck.rs): the authorizer
+# denies only what an ACL says. The PLAINTEXT and CONTROLLER listeners (no authentication:
+# User:ANONYMOUS) are super users, so the controller, the tools and every plaintext test are
+# unaffected; the SASL user 'effectively' may do anything on a resource without an ACL.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=true
 EOF
-  if [ ! -f "$KAFKA_HOME/data/meta.properties" ]; then
-    kafka_format "$KAFKA_HOME/server.properties" "$(kafka_java kafka.tools.StorageTool random-uuid)" \
-      "$KAFKA_HOME/logs/format.log"
-  fi
-  log "starting Apache Kafka $(kafka_version) on 127.0.0.1:$port (logs: $KAFKA_HOME/logs)"
-  kafka_spawn "$KAFKA_HOME/server.properties" "$KAFKA_HOME/logs" "$KAFKA_HOME/pid" "${KAFKA_HEAP:-768m}"
-  echo "127.0.0.1:$port" >"$STACK_DIR/kafka.brokers"
-  kafka_wait "$KAFKA_HOME/pid" "$KAFKA_HOME/logs" kafka_answers "127.0.0.1:$port"
-  log "kafka answers metadata requests: $(grep -m1 -o 'Kafka version: [^ ]*' "$KAFKA_HOME/logs/server.log" || true)"
-  kafka_scram_user "127.0.0.1:$port"
 }
 
 # A CA and a broker certificate (localhost, 127.0.0.1) for the TLS listeners, and the SASL

@@ -14,8 +14,10 @@
 //!   last probe ([`watch_database`]) as a writable primary and has not failed one for
 //!   [`DATABASE_SETTLE`]; every consumer is a member of its group (its first assignment went
 //!   through the rebalance callback, even with 0 partitions); no revocation is draining; no
-//!   partition is being claimed again after a failover. A rolling update waits for it, and a
-//!   disruption budget counts it.
+//!   partition is being claimed again after a failover; and not every partition a consumer
+//!   holds is stuck on a Kafka error (a worker that can read none of its partitions does no
+//!   work; one stuck partition among others is the partition's alert, not the pod's). A
+//!   rolling update waits for it, and a disruption budget counts it.
 //!
 //! The state is per process part ([`Health`], shared as an `Arc`), never a global, so that
 //! tests can run several workers in one process, each with its own endpoint.
@@ -80,6 +82,10 @@ struct Membership {
     /// Partitions being claimed again after a failover (the offset store went back) or a
     /// fence, or claims retried while PostgreSQL does not answer.
     recovering: usize,
+    /// Partition tasks running now.
+    partitions: usize,
+    /// Those whose last fetch failed with a Kafka error, no record since: the error.
+    stuck: BTreeMap<(String, i32), String>,
 }
 
 #[derive(Debug, Default)]
@@ -231,6 +237,17 @@ impl Health {
                     "consumer {name}: claiming partitions (failover or fence)"
                 );
             }
+            if m.partitions > 0 && m.stuck.len() >= m.partitions {
+                let _ = write!(
+                    failing,
+                    "consumer {name}: every partition it holds ({}) is stuck on a Kafka error:",
+                    m.partitions
+                );
+                for ((topic, partition), error) in &m.stuck {
+                    let _ = write!(failing, " {topic}/{partition}: {error};");
+                }
+                failing.push('\n');
+            }
         }
         match failing.is_empty() {
             true => Verdict {
@@ -331,6 +348,15 @@ impl ConsumerHealth {
         }
     }
 
+    /// One partition task's part of readiness, counted until the guard drops.
+    pub fn partition(&self, topic: &str, partition: i32) -> PartitionHealth {
+        self.with(|m| m.partitions += 1);
+        PartitionHealth {
+            owner: self.clone(),
+            key: (topic.to_string(), partition),
+        }
+    }
+
     /// Partitions are claimed again (after a failover or a fence) until the guard drops.
     pub fn recovering(&self) -> Phase {
         self.with(|m| m.recovering += 1);
@@ -338,6 +364,37 @@ impl ConsumerHealth {
             owner: self.clone(),
             kind: PhaseKind::Recovering,
         }
+    }
+}
+
+/// One running partition task, and whether it is stuck (its last fetch failed, no record
+/// since); the consumer is not ready while every one of its partitions is.
+#[derive(Debug)]
+pub struct PartitionHealth {
+    owner: ConsumerHealth,
+    key: (String, i32),
+}
+
+impl PartitionHealth {
+    /// `Some(error)`: the partition's fetch failed; `None`: a record arrived.
+    pub fn stuck(&self, error: Option<&str>) {
+        self.owner.with(|m| match error {
+            Some(e) => {
+                m.stuck.insert(self.key.clone(), e.to_string());
+            }
+            None => {
+                m.stuck.remove(&self.key);
+            }
+        });
+    }
+}
+
+impl Drop for PartitionHealth {
+    fn drop(&mut self) {
+        self.owner.with(|m| {
+            m.partitions = m.partitions.saturating_sub(1);
+            m.stuck.remove(&self.key);
+        });
     }
 }
 
@@ -508,6 +565,40 @@ mod tests {
 
         c.left();
         assert!(!h.readiness().ok);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_consumer_whose_every_partition_is_stuck_is_not_ready() {
+        let h = Health::new();
+        ready_db(&h);
+        let c = h.consumer("payments");
+        c.joined();
+        let p0 = c.partition("payments", 0);
+        let p1 = c.partition("payments", 1);
+        p0.stuck(Some("Broker: Topic authorization failed"));
+        assert!(h.readiness().ok, "one of two stuck: {}", h.readiness().text);
+        p1.stuck(Some("Broker: Topic authorization failed"));
+        let r = h.readiness();
+        assert!(!r.ok, "{}", r.text);
+        assert!(
+            r.text.contains("every partition it holds (2) is stuck")
+                && r.text
+                    .contains("payments/1: Broker: Topic authorization failed"),
+            "{}",
+            r.text
+        );
+        p1.stuck(None);
+        assert!(h.readiness().ok, "a record arrived: {}", h.readiness().text);
+        p1.stuck(Some("again"));
+        drop(p1);
+        let r = h.readiness();
+        assert!(
+            !r.ok && r.text.contains("(1) is stuck"),
+            "p1 revoked: p0 is all it holds: {}",
+            r.text
+        );
+        drop(p0);
+        assert!(h.readiness().ok, "no partition: {}", h.readiness().text);
     }
 
     #[tokio::test(start_paused = true)]

@@ -31,7 +31,8 @@
 //! - [`source`]: Kafka group membership and rebalances ([`source::consumer`]: claim and seek
 //!   on assignment, drain on revocation; [`source::context`]: librdkafka's callbacks), one task
 //!   per partition that batches ([`source::partition`]), a stored offset outside the log
-//!   ([`source::range`]).
+//!   ([`source::range`]), a partition stuck on a Kafka error or stalled in a batch
+//!   ([`source::watch`]).
 //! - [`strategy`]: what a batch does to the database: [`strategy::batched`] (the default, one
 //!   transaction per batch; [`strategy::group`]: several partitions' batches in one),
 //!   [`strategy::per_message`] (the seed's idempotent consumer) and [`strategy::inbox`] (the
@@ -55,7 +56,8 @@
 //!   ([`store::dead_letters`]), what waits for an operator ([`store::parked`]), the audit of
 //!   operator actions ([`store::audit`]), the inbox table ([`store::inbox`]), versions
 //!   ([`store::versions`]), the outbox ([`store::outbox`]) and notifications
-//!   ([`store::notifications`]), migrations ([`store::migrate`]).
+//!   ([`store::notifications`]), what the owner of a partition sees wrong with it
+//!   ([`store::partition_health`]), migrations ([`store::migrate`]).
 //! - [`version`]: versioned writes, which of a batch's events each aggregate can take and in
 //!   what rounds (pure; `[consumer.version]`).
 //! - [`envelope`]: decoding a record: message id, event date, rejections.

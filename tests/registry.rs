@@ -347,3 +347,35 @@ async fn bad_input_is_parked_with_its_reason_and_raw_bytes() {
     );
     worker.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_handler_sees_json_schema_and_avro_payloads_as_the_json_demo_s_object() {
+    let url = sr::url().await;
+    let db = common::pg().await;
+    for format in ["json-schema", "avro"] {
+        let topic = common::unique("reg-sql2");
+        let consumer = common::unique("reg");
+        common::create_topic(&topic, 1).await;
+        let subject = format!("{topic}-value");
+        let user = common::unique("u");
+        let payments: Vec<Payment> = (0..6).map(|i| Payment::new(&user, 700 + i)).collect();
+        let recs = if format == "avro" {
+            let id = sr::register(&url, &subject, "AVRO", PAYMENT_AVSC).await;
+            let schema = apache_avro::Schema::parse_str(PAYMENT_AVSC).unwrap();
+            records(&payments, |p| sr::avro(id, &schema, p, &[]))
+        } else {
+            let id = sr::register(&url, &subject, "JSON", PAYMENT_JSON_SCHEMA).await;
+            records(&payments, |p| sr::json_schema(id, p))
+        };
+        common::send_raw(&common::producer(), &topic, Some(0), &recs).await;
+        let table = sql_table(&db).await;
+        let config = common::config(&consumer, &topic, &sql_handler(&table), &payload(format, &url, ""));
+        let worker = common::start(config).await;
+        eventually(60, "six rows", || async { seen(&db, &table).await.len() == 6 }).await;
+        let mut want: Vec<_> = payments.iter().map(sr::payment_json).collect();
+        want.sort_by(|a, b| a["payment_id"].as_str().cmp(&b["payment_id"].as_str()));
+        let got: Vec<_> = seen(&db, &table).await.into_iter().map(|(p, _)| p).collect();
+        assert_eq!(got, want, "{format}: the decoded payloads");
+        worker.stop().await.unwrap();
+    }
+}

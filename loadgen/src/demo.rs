@@ -34,6 +34,7 @@ impl Spec {
             report_dir: args.report_dir.clone(),
             seed: args.seed,
             quiet: args.quiet,
+            compression: args.compression,
         })
     }
 }

@@ -122,6 +122,9 @@ struct Args {
     /// http://HOST:PORT/apis/ccompat/v7).
     #[arg(long, env = "SCHEMA_REGISTRY_URL")]
     schema_registry: Option<String>,
+    /// The producer's compression codec (`compression.type`): the engine reads them all.
+    #[arg(long, value_enum, default_value = "none")]
+    compression: session::Compression,
 }
 
 #[derive(Debug, Parser)]

@@ -14,6 +14,32 @@ use crate::produce::{wire, Run};
 use crate::topics::{ensure_topic, warm_up};
 use crate::{outbox, verify, Spec};
 
+/// The producer's `compression.type`: how the payments are written to the topic (the engine
+/// must read every codec a producer may use).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    None,
+    Gzip,
+    Snappy,
+    Lz4,
+    Zstd,
+}
+
+impl Compression {
+    /// librdkafka's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Snappy => "snappy",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
 /// Connections one run uses.
 pub struct Session {
     pub db: Arc<tokio_postgres::Client>,
@@ -33,16 +59,19 @@ impl Session {
             &spec.database_url,
             &spec.topic,
             spec.partitions,
+            spec.compression,
         )
         .await
     }
 
-    /// Connects to both services, creating `topic` with `partitions` if it is missing.
+    /// Connects to both services, creating `topic` with `partitions` if it is missing; the
+    /// producer compresses with `compression`.
     pub async fn connect(
         brokers: &str,
         database_url: &str,
         topic: &str,
         partitions: i32,
+        compression: Compression,
     ) -> anyhow::Result<Session> {
         let (db, conn) = tokio_postgres::connect(database_url, tokio_postgres::NoTls)
             .await
@@ -54,6 +83,7 @@ impl Session {
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
             .set("queue.buffering.max.messages", "1000000")
+            .set("compression.type", compression.as_str())
             .create()
             .context("creating the producer")?;
         warm_up(brokers, &producer, topic).await?;

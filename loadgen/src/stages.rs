@@ -31,6 +31,8 @@ pub struct Spec {
     pub report_dir: PathBuf,
     pub seed: Option<u64>,
     pub quiet: bool,
+    /// The producer's `compression.type`.
+    pub compression: crate::session::Compression,
 }
 
 /// What producing left for the verification.

@@ -38,6 +38,13 @@ pub struct ConsumerConfig {
     pub max_payload_bytes: usize,
     #[serde(default)]
     pub retry: RetryConfig,
+    /// A batch still not committed after this long, retrying whatever the cause, is a stall:
+    /// its partition's `effectively_partition_stalled` gauge goes to 1 (an alert, the console
+    /// marks it) until the batch ends. Also an inbox processor whose round has not succeeded
+    /// for this long (one waiting on a lock, or rounds failing again and again). Default 1
+    /// minute.
+    #[serde(default = "default_stall_after", with = "humantime_serde")]
+    pub stall_after: Duration,
     /// How long dedupe keys are kept: the latest a copy can arrive and still be recognised.
     /// Default 15 days, the seed's SQS-with-DLQ figure.
     #[serde(default = "default_retention", with = "humantime_serde")]
@@ -76,6 +83,9 @@ fn default_retention() -> Duration {
 }
 fn default_future_tolerance() -> Duration {
     DAY
+}
+fn default_stall_after() -> Duration {
+    Duration::from_secs(60)
 }
 fn default_partitions_ahead() -> u32 {
     3
@@ -320,6 +330,9 @@ impl ConsumerConfig {
         }
         if self.topics.is_empty() {
             p.push("topics must list at least one topic".into());
+        }
+        if self.stall_after < Duration::from_secs(1) {
+            p.push("stall_after must be at least 1s: every batch would read as a stall".into());
         }
         if batch.max_messages < 1 {
             p.push("batch.max_messages must be at least 1".into());

@@ -71,6 +71,7 @@ max_payload_bytes = 1048576 # bigger payloads are parked as oversized
 retention = "15days"        # how long a duplicate is still recognised
 future_tolerance = "1day"   # events dated further ahead are parked
 partitions_ahead = 3        # daily dedupe partitions created ahead of today
+stall_after = "1m"          # a batch retrying this long is a stall (gauge, alert, console)
 
 # How values (and keys) are encoded: "json" as they are, or "avro", "protobuf", "json-schema" in
 # the Confluent wire format, decoded with the writer's schema from a Confluent-compatible Schema

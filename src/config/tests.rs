@@ -93,6 +93,7 @@ fn minimal_config_gets_the_defaults() {
     assert_eq!(c.retry.max_backoff, 10 * SEC);
     assert_eq!(c.retention, 15 * DAY);
     assert_eq!(c.future_tolerance, DAY);
+    assert_eq!(c.stall_after, 60 * SEC);
     assert_eq!(c.partitions_ahead, 3);
     let i = &c.inbox;
     assert_eq!((i.processors, i.claim_batch), (4, 100));

@@ -15,7 +15,7 @@ use deadpool_postgres::Transaction;
 
 use crate::config::HandlerConfig;
 use crate::envelope::{Envelope, Rejection};
-use crate::store::{classify, ErrorClass};
+use crate::store::{classify, describe, ErrorClass};
 
 /// Where a batch comes from, for handlers that record it.
 #[derive(Debug, Clone, Copy)]
@@ -54,7 +54,9 @@ pub struct Applied {
 /// How a handler failed, which decides what the engine does with the batch.
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
-    /// Roll back and retry the batch after a backoff (a lock timeout, a lost connection).
+    /// Roll back and retry the batch after a backoff, up to `retry.max_attempts`; then the
+    /// engine isolates the message that still fails and parks it. Also what a SQLSTATE of
+    /// unknown meaning becomes (a lost connection or a lock timeout is [`Self::Unavailable`]).
     #[error("transient: {0}")]
     Transient(String),
     /// These messages (indexes into the `fresh` slice) can never be applied: the engine rolls
@@ -76,15 +78,14 @@ pub enum HandlerError {
 }
 
 impl From<tokio_postgres::Error> for HandlerError {
+    /// By the SQLSTATE (see [`classify`]); the text names it, with the server's message.
     fn from(e: tokio_postgres::Error) -> Self {
-        let text = match e.as_db_error() {
-            Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => e.to_string(),
-        };
+        let text = describe(&e);
         match classify(&e) {
             ErrorClass::Transient => HandlerError::Unavailable(text),
             ErrorClass::Permanent => HandlerError::Permanent(text),
             ErrorClass::Fatal => HandlerError::Fatal(text),
+            ErrorClass::Unknown => HandlerError::Transient(text),
         }
     }
 }

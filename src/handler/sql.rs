@@ -11,8 +11,11 @@
 //!
 //! The statement may use `$1`, the consumer's name. It is prepared at start-up, so a typo stops
 //! the worker before it takes a partition instead of parking every message. A statement that
-//! fails on the data (a constraint, a bad cast) makes the engine split the batch until it finds
-//! the message, and park it.
+//! fails on the data (a constraint, a bad cast, a trigger's `RAISE EXCEPTION`) makes the engine
+//! split the batch until it finds the message, and park it with the SQLSTATE and the server's
+//! message (`store::classify` decides by SQLSTATE). An upsert must expect two messages of one key
+//! in a batch (SQLSTATE 21000 otherwise): aggregate per key in the `SELECT`, or `DISTINCT ON`
+//! (docs/CONFIGURATION.md, "Two messages of one key in a batch").
 
 use async_trait::async_trait;
 use deadpool_postgres::Transaction;

@@ -75,6 +75,78 @@ pub struct Round {
     pub versions: crate::version::Skipped,
 }
 
+/// A processor whose round, with the failed rounds before it, has gone on for longer than the
+/// consumer's `stall_after` is stalled (`effectively_inbox_processor_stalled` counts it) until a
+/// round succeeds or the processor stops: a round waiting on a lock, or failing again and again
+/// while the database is unavailable.
+struct Stall<'a> {
+    consumer: &'a str,
+    after: std::time::Duration,
+    /// When the first of the rounds that have not succeeded since started.
+    failing_since: Option<tokio::time::Instant>,
+    stalled: bool,
+}
+
+impl<'a> Stall<'a> {
+    fn new(consumer: &'a str, after: std::time::Duration) -> Self {
+        Stall {
+            consumer,
+            after,
+            failing_since: None,
+            stalled: false,
+        }
+    }
+
+    /// Runs one round, marking the stall when it begins (while the round runs) and clearing
+    /// it when a round succeeds.
+    async fn watch<F>(&mut self, round: F) -> Result<Round, RoundError>
+    where
+        F: std::future::Future<Output = Result<Round, RoundError>>,
+    {
+        let since = *self
+            .failing_since
+            .get_or_insert_with(tokio::time::Instant::now);
+        tokio::pin!(round);
+        let out = match self.stalled {
+            true => round.await,
+            false => tokio::select! {
+                out = &mut round => out,
+                _ = tokio::time::sleep_until(since + self.after) => {
+                    self.begin();
+                    round.await
+                }
+            },
+        };
+        if out.is_ok() {
+            self.ok();
+        }
+        out
+    }
+
+    fn begin(&mut self) {
+        self.stalled = true;
+        tracing::error!(consumer = %self.consumer,
+            "inbox processor: a round has not succeeded for longer than stall_after ({}); nothing \
+             is applied meanwhile (effectively_inbox_processor_stalled; docs/OPERATIONS.md \"A partition is stalled\")",
+            humantime_serde::re::humantime::format_duration(self.after));
+        crate::metrics::inbox_processor_stall(self.consumer, true);
+    }
+
+    fn ok(&mut self) {
+        self.failing_since = None;
+        if std::mem::take(&mut self.stalled) {
+            tracing::info!(consumer = %self.consumer, "inbox processor: a round succeeded; no longer stalled");
+            crate::metrics::inbox_processor_stall(self.consumer, false);
+        }
+    }
+}
+
+impl Drop for Stall<'_> {
+    fn drop(&mut self) {
+        self.ok();
+    }
+}
+
 /// What [`Processors::apply_groups`] did with its rows (indexes, as given).
 #[derive(Debug, Default)]
 pub(super) struct Groups {
@@ -93,9 +165,9 @@ pub(super) enum RoundError {
 impl From<StoreError> for RoundError {
     fn from(e: StoreError) -> Self {
         match e.class() {
-            ErrorClass::Fatal => RoundError::Fatal(e.to_string()),
+            ErrorClass::Fatal => RoundError::Fatal(e.describe()),
             // A failing statement of our own (not the handler's) is the database's problem.
-            _ => RoundError::Unavailable(e.to_string()),
+            _ => RoundError::Unavailable(e.describe()),
         }
     }
 }
@@ -124,13 +196,14 @@ impl Processors {
         let inbox = &self.config.inbox;
         let beat = self.health.heartbeat("inbox processor", self.period());
         let mut unavailable = 0u32;
+        let mut stall = Stall::new(&self.consumer, self.config.stall_after);
         loop {
             beat.beat();
             if stop.is_cancelled() {
                 return Ok(());
             }
             let woken = self.stored.notified();
-            match self.round(slice, &stop).await {
+            match stall.watch(self.round(slice, &stop)).await {
                 Ok(round) => {
                     unavailable = 0;
                     if round.claimed >= inbox.claim_batch {

@@ -232,4 +232,24 @@ pub(super) fn describe() {
         Unit::Count,
         "Partitions moved to the log start or end because their offset was outside the log (on_offset_out_of_range = \"earliest\" or \"latest\"), by end: above or below."
     );
+    describe_counter!(
+        PARTITION_ERRORS,
+        Unit::Count,
+        "Kafka errors a partition's fetch returned instead of records, by code (librdkafka's name: NotImplemented for a codec the client lacks, TopicAuthorizationFailed, a corrupt batch's BadMessage ...). The partition does not progress while they repeat."
+    );
+    describe_gauge!(
+        PARTITION_STUCK,
+        Unit::Count,
+        "1 while a partition's last fetch failed with a Kafka error and no record arrived since: nothing of it is consumed (effectively_partition_errors_total says which error). 0 again at the first record."
+    );
+    describe_gauge!(
+        PARTITION_STALLED,
+        Unit::Count,
+        "1 while a partition's batch has been retrying (not committed) for longer than the consumer's stall_after, whatever the cause: PostgreSQL unavailable, a lock it waits for, a statement that keeps failing. 0 when the batch ends."
+    );
+    describe_gauge!(
+        INBOX_PROCESSOR_STALLED,
+        Unit::Count,
+        "Inbox processors of a consumer whose round has not succeeded for longer than the consumer's stall_after: a round waiting on a lock, or rounds failing again and again (the database unavailable)."
+    );
 }

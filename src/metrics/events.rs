@@ -207,7 +207,8 @@ pub fn inbox_consumer(consumer: &str) {
     for outcome in ["done", "retry", "failed"] {
         counter!(INBOX_PROCESSED, "consumer" => c.clone(), "outcome" => outcome).increment(0);
     }
-    counter!(INBOX_LEASE_LOST, "consumer" => c).increment(0);
+    counter!(INBOX_LEASE_LOST, "consumer" => c.clone()).increment(0);
+    gauge!(INBOX_PROCESSOR_STALLED, "consumer" => c).increment(0.0);
 }
 
 /// The sampled inbox gauges of one consumer.
@@ -354,4 +355,71 @@ pub fn offset_range_reset(consumer: &str, topic: &str, partition: i32, end: &str
     counter!(OFFSET_OUT_OF_RANGE_RESETS, "consumer" => consumer.to_string(),
         "topic" => topic.to_string(), "partition" => partition.to_string(), "end" => end.to_string())
     .increment(1);
+}
+
+fn partition_labels(consumer: &str, topic: &str, partition: i32) -> [(&'static str, String); 3] {
+    [
+        ("consumer", consumer.to_string()),
+        ("topic", topic.to_string()),
+        ("partition", partition.to_string()),
+    ]
+}
+
+/// The codes (librdkafka's names) that stop a partition's fetches which the engine has met,
+/// published at 0 from each partition task's start so that `increase()` sees the first error:
+/// a codec the client lacks, a topic the user may not read, a batch that fails its CRC or
+/// cannot be parsed, a corrupt record. Other codes count too, from their first error.
+pub const PARTITION_ERROR_CODES: [&str; 4] = [
+    "NotImplemented",
+    "TopicAuthorizationFailed",
+    "BadMessage",
+    "InvalidMessage",
+];
+
+/// A partition task started: its stuck and stalled gauges at 0 (and 0 again when it ends),
+/// its error counters published.
+pub fn partition_watched(consumer: &str, topic: &str, partition: i32) {
+    partition_stuck(consumer, topic, partition, false);
+    partition_stalled(consumer, topic, partition, false);
+    for code in PARTITION_ERROR_CODES {
+        counter!(PARTITION_ERRORS, "consumer" => consumer.to_string(), "topic" => topic.to_string(),
+            "partition" => partition.to_string(), "code" => code)
+        .increment(0);
+    }
+}
+
+/// A fetch of the partition returned a Kafka error (`code`, librdkafka's name) instead of
+/// records.
+pub fn partition_fetch_error(consumer: &str, topic: &str, partition: i32, code: &str) {
+    counter!(PARTITION_ERRORS, "consumer" => consumer.to_string(), "topic" => topic.to_string(),
+        "partition" => partition.to_string(), "code" => code.to_string())
+    .increment(1);
+}
+
+/// The partition is stuck (its last fetch failed, no record since), or not any more.
+pub fn partition_stuck(consumer: &str, topic: &str, partition: i32, stuck: bool) {
+    gauge!(
+        PARTITION_STUCK,
+        &partition_labels(consumer, topic, partition)
+    )
+    .set(if stuck { 1.0 } else { 0.0 });
+}
+
+/// The partition's batch has been retrying past `stall_after`, or it ended.
+pub fn partition_stalled(consumer: &str, topic: &str, partition: i32, stalled: bool) {
+    gauge!(
+        PARTITION_STALLED,
+        &partition_labels(consumer, topic, partition)
+    )
+    .set(if stalled { 1.0 } else { 0.0 });
+}
+
+/// An inbox processor's round has not succeeded for `stall_after` (`began`), or the stall ended
+/// (a round succeeded, or the processor stopped).
+pub fn inbox_processor_stall(consumer: &str, began: bool) {
+    let g = gauge!(INBOX_PROCESSOR_STALLED, "consumer" => consumer.to_string());
+    match began {
+        true => g.increment(1.0),
+        false => g.decrement(1.0),
+    }
 }

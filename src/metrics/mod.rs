@@ -70,6 +70,10 @@ pub const PREFILTER_ERRORS: &str = "effectively_prefilter_errors_total";
 pub const PREFILTER_DURATION: &str = "effectively_prefilter_duration_seconds";
 pub const OFFSET_OUT_OF_RANGE: &str = "effectively_offset_out_of_range";
 pub const OFFSET_OUT_OF_RANGE_RESETS: &str = "effectively_offset_out_of_range_resets_total";
+pub const PARTITION_ERRORS: &str = "effectively_partition_errors_total";
+pub const PARTITION_STUCK: &str = "effectively_partition_stuck";
+pub const PARTITION_STALLED: &str = "effectively_partition_stalled";
+pub const INBOX_PROCESSOR_STALLED: &str = "effectively_inbox_processor_stalled";
 
 /// Every metric name, for tests that check dashboards and alert rules against them.
 pub const ALL: &[&str] = &[
@@ -121,6 +125,10 @@ pub const ALL: &[&str] = &[
     OFFSET_OUT_OF_RANGE_RESETS,
     SCHEMA_REGISTRY_UNAVAILABLE,
     SCHEMA_REGISTRY_ERRORS,
+    PARTITION_ERRORS,
+    PARTITION_STUCK,
+    PARTITION_STALLED,
+    INBOX_PROCESSOR_STALLED,
 ];
 
 /// Where `effectively run` serves `/metrics` unless told otherwise.

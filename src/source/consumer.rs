@@ -448,6 +448,16 @@ impl Source {
             next_offset: claim.next_offset,
             limit: self.config.batch.max_messages,
             out_of_range: Default::default(),
+            watch: super::watch::PartitionWatch::new(
+                Arc::from(self.config.name.as_str()),
+                Arc::from(tp.0.as_str()),
+                tp.1,
+                claim.epoch,
+                self.config.stall_after,
+                &self.health,
+                self.pool.clone(),
+                self.transaction_deadline,
+            ),
         };
         let exits = exits.clone();
         let key = tp.clone();

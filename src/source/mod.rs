@@ -1,16 +1,19 @@
 //! The Kafka side: group membership and rebalances ([`consumer`], the coordinator, and
 //! [`context`], librdkafka's callbacks that hand it the rebalances), one task per assigned
-//! partition that batches records and hands them to the strategy ([`partition`]), and a stored
-//! offset outside the partition's log ([`range`]).
+//! partition that batches records and hands them to the strategy ([`partition`]), a stored
+//! offset outside the partition's log ([`range`]), and a partition that cannot progress, stuck
+//! on a Kafka error or stalled in a batch ([`watch`]).
 //!
 //! Each file uses only the ones listed after it: `consumer` → `partition` → `schemas` →
-//! `range` → `context` ([`schemas`]: the wait for a Schema Registry before decoding).
+//! `range` → `context`; `partition` → `watch` ([`schemas`]: the wait for a Schema Registry
+//! before decoding; [`watch`]: a partition that cannot progress).
 
 pub mod consumer;
 pub mod context;
 pub mod partition;
 pub mod range;
 pub mod schemas;
+pub mod watch;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

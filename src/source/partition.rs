@@ -20,6 +20,7 @@ use super::range::{
     self, check, decide, store_move, watermarks, what_a_seek_does, Action, STOP_ACTIONS,
 };
 use super::schemas;
+use super::watch::PartitionWatch;
 use crate::batch::{Batch, Raw, Record};
 use crate::config::{BatchConfig, ConsumerConfig, OffsetReset};
 use crate::envelope::Decoder;
@@ -47,6 +48,8 @@ pub struct PartitionTask {
     pub limit: usize,
     /// Set when librdkafka reports the fetch position outside the log (see [`range`]).
     pub out_of_range: range::Seen,
+    /// Stuck on a Kafka error, or stalled in a batch (see [`super::watch`]).
+    pub watch: PartitionWatch,
 }
 
 /// How a partition task ended.
@@ -90,7 +93,8 @@ impl PartitionTask {
             };
             let last = batch.next_offset();
             let started = Instant::now();
-            match self.strategy.process(&self.ctx, batch, &committed).await {
+            let processed = self.strategy.process(&self.ctx, batch, &committed);
+            match self.watch.batch(processed).await {
                 Ok(outcome) => {
                     self.next_offset = last;
                     self.stats.batch(&outcome);
@@ -227,11 +231,12 @@ impl PartitionTask {
                 return;
             }
             Err(e) => {
-                tracing::warn!(consumer = %self.ctx.consumer, topic = %self.ctx.topic,
-                    partition = self.ctx.partition, error = %e, "kafka error on partition queue");
+                // Nothing of the partition is read while this repeats: counted, gauged, logged.
+                self.watch.fetch_failed(&e);
                 return;
             }
         };
+        self.watch.record_arrived();
         let raw = Raw::from_message(&m);
         drop(m);
         self.metrics.received();

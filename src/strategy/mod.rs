@@ -98,7 +98,9 @@ pub(crate) enum AttemptError {
     Refused(crate::store::offsets::Refusal),
     /// The database could not do it now: retry without limit.
     Unavailable(String),
-    /// The handler asked for a retry: counted against the batch.
+    /// The handler asked for a retry, or the database failed with a SQLSTATE of unknown
+    /// meaning: counted against the batch (`retry.max_attempts`), then the batch is split and
+    /// the message that still fails alone is parked.
     Transient(String),
     /// These candidates (by index) can never be applied.
     Reject(Vec<(usize, String)>),
@@ -109,17 +111,13 @@ pub(crate) enum AttemptError {
 
 impl From<StoreError> for AttemptError {
     fn from(e: StoreError) -> Self {
-        let text = match &e {
-            StoreError::Postgres(pg) => match pg.as_db_error() {
-                Some(db) => format!("{} ({})", db.message(), db.code().code()),
-                None => pg.to_string(),
-            },
-            other => other.to_string(),
-        };
+        let text = e.describe();
         match e.class() {
             ErrorClass::Transient => AttemptError::Unavailable(text),
             ErrorClass::Permanent => AttemptError::Permanent(text),
             ErrorClass::Fatal => AttemptError::Fatal(text),
+            // The handler's budget, then isolation: the same path as a handler's own retry.
+            ErrorClass::Unknown => AttemptError::Transient(text),
         }
     }
 }

@@ -11,6 +11,7 @@ use super::db::{Db, DbCost};
 use super::worker::{engine_json, resends_only, spec, Worker, PARTITIONS};
 use super::BenchArgs;
 use crate::produce::Step;
+use crate::session::Compression;
 use crate::{finish_stage, produce_stage, Session};
 
 #[derive(Debug, Default, Serialize)]
@@ -105,12 +106,35 @@ pub(super) async fn drain(
     drop_keys: u64,
     workers: usize,
 ) -> anyhow::Result<(Drain, Option<DropDuringDrain>)> {
+    drain_with(
+        bin,
+        args,
+        strategy,
+        events,
+        drop_keys,
+        workers,
+        Compression::None,
+    )
+    .await
+}
+
+/// [`drain`] of a topic the producer wrote with `compression`.
+pub(super) async fn drain_with(
+    bin: &Path,
+    args: &BenchArgs,
+    strategy: &str,
+    events: u64,
+    drop_keys: u64,
+    workers: usize,
+    compression: Compression,
+) -> anyhow::Result<(Drain, Option<DropDuringDrain>)> {
     let name = format!("bench-{strategy}-{:06x}", fastrand::u32(..0xffffff));
     let plan = vec![Step {
         rate: None,
         duration: Duration::from_secs(3600),
     }];
-    let spec = spec(args, &name, PARTITIONS, plan, Some(events), resends_only());
+    let mut spec = spec(args, &name, PARTITIONS, plan, Some(events), resends_only());
+    spec.compression = compression;
     let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
     let records = produced.acked();

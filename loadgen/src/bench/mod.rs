@@ -18,12 +18,15 @@
 //!    retention (dropping a day against deleting it);
 //! 10. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers, and
 //!     with commit groups (`partitions_scale`);
-//! 11. the registry formats: the batch drain in JSON, Avro, Protobuf and JSON Schema, msg/s and
+//! 11. compression codecs: the batch drain of a topic written with none, zstd, gzip, snappy and
+//!     lz4, msg/s and worker CPU per message side by side (`codecs`);
+//! 12. the registry formats: the batch drain in JSON, Avro, Protobuf and JSON Schema, msg/s and
 //!     worker CPU per message side by side (`formats`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
 
+mod codecs;
 mod connect;
 mod db;
 mod drain;
@@ -96,6 +99,8 @@ pub enum Phase {
     /// 1, 2 and 3 workers draining one topic (docs/SCALING.md).
     Workers,
     Partitions,
+    /// The batch drain of a topic per compression codec (none, zstd, gzip, snappy, lz4).
+    Codecs,
     /// The batch drain in JSON, Avro, Protobuf and JSON Schema (the decode's cost).
     Formats,
 }
@@ -115,6 +120,8 @@ struct Sizes {
     river: u64,
     /// Each run of the many-partitions phase.
     partitions: Duration,
+    /// Payments of each codec's drain: a fifth of the batch drain's, at least 10,000.
+    codecs: u64,
     /// Payments of each format's drain: a tenth of the batch drain's, 50,000 to 100,000 (a
     /// drain of 10,000 lasts half a second, and the worker's start-up is then a fifth of its
     /// CPU per message).
@@ -146,6 +153,7 @@ impl Sizes {
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
             river: ((200_000.0 * f) as u64).max(2_000),
             partitions: Duration::from_secs_f64((60.0 * f).max(20.0)),
+            codecs: (batch / 5).max(10_000),
             formats: (batch / 10).clamp(50_000, 100_000),
         })
     }
@@ -237,6 +245,10 @@ struct BenchReport {
     /// Why the many-partitions phase could not measure, if it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     partitions_error: Option<String>,
+    /// The batch drain per compression codec, and zstd against none.
+    codecs: codecs::Codecs,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    codecs_error: Option<String>,
     /// The batch drain in each payload format: msg/s and worker CPU per message, against JSON.
     formats: Formats,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -462,6 +474,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             Err(e) => {
                 eprintln!("   the many-partitions phase failed: {e:#}");
                 report.partitions_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
+    }
+
+    if wants(Phase::Codecs) {
+        eprintln!(
+            "== compression codecs: the batch strategy draining {} events written with none, \
+             zstd, gzip, snappy and lz4",
+            sizes.codecs
+        );
+        match codecs::codecs(&bin, &args, sizes.codecs).await {
+            Ok(c) => {
+                report.verified &= c.verified;
+                report.codecs = c;
+            }
+            Err(e) => {
+                eprintln!("   the codecs phase failed: {e:#}");
+                report.codecs_error = Some(format!("{e:#}"));
                 report.verified = false;
             }
         }

@@ -333,6 +333,7 @@ fn spec_of(brokers: &str, database_url: &str, out: &Path, name: &str, events: u6
         report_dir: out.join(name),
         seed: None,
         quiet: true,
+        compression: Default::default(),
     }
 }
 

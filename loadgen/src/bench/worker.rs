@@ -247,6 +247,7 @@ pub(super) fn spec(
         report_dir: args.out.join(name),
         seed: None,
         quiet: true,
+        compression: Default::default(),
     }
 }
 

@@ -76,6 +76,7 @@ pub(super) async fn scenario(
         report_dir: args.out.join(&topic),
         seed: Some(seed),
         quiet: true,
+        compression: Default::default(),
     };
     let session = Session::open(&spec).await?;
     // Workers reach PostgreSQL through a proxy the scenario can cut.

@@ -331,6 +331,7 @@ async fn scenario(
         report_dir: args.out.join(&topic),
         seed: Some(seed),
         quiet: true,
+        compression: Default::default(),
     };
     let session = Session::open(&spec).await?;
     let worker = Worker {

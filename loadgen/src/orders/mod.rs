@@ -153,6 +153,7 @@ pub async fn run(args: OrdersArgs) -> anyhow::Result<bool> {
         &args.services.database_url,
         &topic,
         PARTITIONS,
+        crate::session::Compression::None,
     )
     .await?;
     let config = args.out.join(format!("{topic}.toml"));

@@ -1,5 +1,7 @@
-//! `/`: per consumer, lag and rate per partition, the inbox's counts and the oldest PENDING
-//! row's age, dead letters by reason; the outbox's backlog; notifications by status.
+//! `/`: per consumer, lag and rate per partition (and the partitions that cannot progress:
+//! stuck on a Kafka error, or stalled in a batch, as their owners report them), the inbox's
+//! counts and the oldest PENDING row's age, dead letters by reason; the outbox's backlog;
+//! notifications by status.
 
 use std::sync::Arc;
 
@@ -12,6 +14,7 @@ use chrono::Utc;
 use crate::console::render::{ago, capped, thousands};
 use crate::console::{html, Chrome, ConsoleError, Shared};
 use crate::store::browse::{self, Capped, CAP};
+use crate::store::partition_health;
 
 use super::{encode, query};
 
@@ -36,6 +39,8 @@ struct ConsumerView {
     inbox: Option<InboxView>,
     dead_letters: Vec<(String, String, String)>,
     parked_href: String,
+    /// Partitions stuck or stalled (0: none).
+    troubled: usize,
 }
 
 struct PartitionView {
@@ -48,6 +53,10 @@ struct PartitionView {
     rate: String,
     owner: String,
     updated: String,
+    /// "stuck 2m: <the Kafka error>", as its owner reports it.
+    stuck: Option<String>,
+    /// "stalled 3m": a batch retrying past stall_after.
+    stalled: Option<String>,
 }
 
 struct InboxView {
@@ -82,6 +91,12 @@ pub async fn page(State(s): State<Arc<Shared>>, uri: Uri) -> Result<Response, Co
         Err(e) => (Default::default(), Some(e)),
     };
     for (info, offsets) in s.consumers.iter().zip(offsets) {
+        let marks: std::collections::HashMap<(String, i32), partition_health::Marks> =
+            partition_health::of_consumer(&**db, &info.name)
+                .await?
+                .into_iter()
+                .map(|r| ((r.topic, r.partition), r.marks))
+                .collect();
         let (mut lag_sum, mut lag_known, mut rate_sum) = (0i64, true, 0f64);
         let mut partitions = Vec::new();
         for o in offsets {
@@ -99,7 +114,17 @@ pub async fn page(State(s): State<Arc<Shared>>, uri: Uri) -> Result<Response, Co
             }
             let rate = stored.and_then(|n| s.rates.observe(&info.name, &o.topic, o.partition, n));
             rate_sum += rate.unwrap_or(0.0);
+            let m = marks
+                .get(&(o.topic.clone(), o.partition))
+                .cloned()
+                .unwrap_or_default();
             partitions.push(PartitionView {
+                stuck: m
+                    .stuck
+                    .map(|(since, error)| format!("stuck for {}: {error}", ago(since, now))),
+                stalled: m
+                    .stalled_since
+                    .map(|since| format!("stalled for {}", ago(since, now))),
                 topic: o.topic,
                 partition: o.partition,
                 stored: stored.map_or_else(|| "-".into(), thousands),
@@ -158,7 +183,13 @@ pub async fn page(State(s): State<Arc<Shared>>, uri: Uri) -> Result<Response, Co
             inbox,
             dead_letters,
             parked_href: format!("/parked?consumer={}", encode(&info.name)),
+            troubled: 0,
         });
+        if let Some(k) = consumers.last_mut() {
+            k.troubled = (k.partitions.iter())
+                .filter(|p| p.stuck.is_some() || p.stalled.is_some())
+                .count();
+        }
     }
     let outbox = browse::outbox_backlog(&**db, CAP)
         .await?
