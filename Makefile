@@ -49,10 +49,12 @@ deploy-check:
 DEBUG_FEATURES := --features effectively/failpoints
 
 # Every test (the Schema Registry's with the stack's Apicurio, started here), the short chaos
-# subset (and its hard bounce under the inbox strategy and with commit groups), a short out-of-order order-status stream (versioned writes, full-state and delta), a
-# short demo run (10 s at 500 msg/s) that must verify, then one short failover scenario on the
-# cluster stack (an asynchronous standby promoted without the primary's last commits: nothing
-# lost) and the cluster stopped again.
+# subset (and its hard bounce under the inbox strategy and with commit groups), a short
+# out-of-order order-status stream (versioned writes, full-state and delta), a short demo run
+# (10 s at 500 msg/s) that must verify, its outbox walk, and 10 s of it in Avro through the
+# registry (loadgen's serializers against the engine's decoding), then one short failover
+# scenario on the cluster stack (an asynchronous standby promoted without the primary's last
+# commits: nothing lost) and the cluster stopped again.
 test: up lint monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(STACK) registry-up >/dev/null
@@ -64,12 +66,14 @@ test: up lint monitoring-check deploy-check migrate
 	$(WITH_ENV) target/debug/loadgen orders --quick --mode delta
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
 	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_VIA_OUTBOX=1 scripts/demo.sh
+	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_FORMAT=avro scripts/demo.sh
 	$(MAKE) --no-print-directory cluster-up
 	status=0; $(WITH_CLUSTER) target/debug/loadgen chaos-cluster --quick || status=1; \
 	$(CLUSTER) down; exit $$status
 
 # Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
-# half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE, DEMO_VIA_OUTBOX change it.
+# half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE, DEMO_VIA_OUTBOX change it;
+# DEMO_FORMAT=avro (protobuf, json-schema) writes Schema Registry payloads, starting the registry.
 demo: up
 	scripts/demo.sh
 
@@ -78,8 +82,9 @@ demo: up
 # scripts/connect.sh), the inbox's processor curve and its processors against River (the Go job
 # queue: loadgen builds peers/river with Go 1.26 into target/peers/, modules from the Go module
 # proxy), latency at 500 and 2,000 msg/s, the pre-filter's replays, 1 to 3 workers on one topic,
-# RSS and CPU per message. Writes target/bench/report.json. BENCH_SCALE=quick takes about 10
-# minutes; BENCH_ONLY=river,inbox runs some phases.
+# RSS and CPU per message, and the batch drain in JSON, Avro, Protobuf and JSON Schema (the
+# stack's Schema Registry, started if need be). Writes target/bench/report.json.
+# BENCH_SCALE=quick takes about 10 minutes; BENCH_ONLY=river,inbox runs some phases.
 bench: up
 	cargo build -q --release --workspace --bins
 	scripts/connect.sh fetch

@@ -22,10 +22,17 @@
 # (default 127.0.0.1:9470, or a free port if that one is taken): its address is printed at the
 # start, and at the end how many of the run's parked messages (the poison) its parked page lists.
 # Run interactively, the demo then keeps the console up until Enter is pressed.
+# DEMO_FORMAT=avro (or protobuf, json-schema) writes the payments in that Schema Registry format
+# (Confluent's wire format, loadgen --format): the stack's registry is started if it is not
+# running (scripts/stack.sh registry-up), loadgen registers the payment schema under
+# <topic>-value, and the consumer decodes with `[consumer.payload] format` and the registry's URL.
+# Its poison is of the kinds such a topic meets (no magic byte, an unknown schema id, bytes that
+# do not fit the schema, a payment without event_id or with a negative amount). Not with
+# DEMO_VIA_OUTBOX=1 (outbox rows are JSON).
 # STACK_DIR picks the stack (default .stack/), as for scripts/stack.sh.
 #
 #   DEMO_SECONDS=60 DEMO_RATE=2000 DEMO_PROFILE=release DEMO_STRATEGY=batch DEMO_PROMETHEUS=0 \
-#     DEMO_VIA_OUTBOX=0 scripts/demo.sh
+#     DEMO_VIA_OUTBOX=0 DEMO_FORMAT=json scripts/demo.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -44,6 +51,14 @@ case "$VIA_OUTBOX" in
   0 | 1) ;;
   *) echo "DEMO_VIA_OUTBOX must be 0 or 1, not $VIA_OUTBOX" >&2; exit 2 ;;
 esac
+FORMAT=${DEMO_FORMAT:-json}
+case "$FORMAT" in
+  json | avro | protobuf | json-schema) ;;
+  *) echo "DEMO_FORMAT must be json, avro, protobuf or json-schema, not $FORMAT" >&2; exit 2 ;;
+esac
+if [ "$FORMAT" != json ] && [ "$VIA_OUTBOX" = 1 ]; then
+  echo "DEMO_VIA_OUTBOX=1 writes JSON outbox rows: it takes DEMO_FORMAT=json only" >&2; exit 2
+fi
 RUN=$(date +%Y%m%d%H%M%S)-$$
 TOPIC=demo-payments-$RUN
 CONSUMER=rewards-demo-$RUN
@@ -53,6 +68,10 @@ mkdir -p "$OUT"
 say() { printf '\n==> %s\n' "$*"; }
 
 scripts/stack.sh up >/dev/null
+if [ "$FORMAT" != json ]; then
+  say "schema registry (scripts/stack.sh registry-up)"
+  scripts/stack.sh registry-up
+fi
 # shellcheck disable=SC1091
 source "${STACK_DIR:-$ROOT/.stack}/env"
 
@@ -78,6 +97,13 @@ batch = 500
 poll_interval = \"50ms\"
 published = \"keep\""
 fi
+# A registry format: the consumer decodes the Confluent wire format with the registry's schemas.
+PAYLOAD_TOML=
+if [ "$FORMAT" != json ]; then
+  PAYLOAD_TOML="[consumer.payload]
+format = \"$FORMAT\"
+registry = \"$SCHEMA_REGISTRY_URL\""
+fi
 # DEMO_ASSIGNOR (e.g. "range,roundrobin", the eager protocol) replaces the engine's
 # cooperative-sticky assignment, to compare rebalances side by side.
 ASSIGNOR_TOML=
@@ -97,6 +123,7 @@ name = "$CONSUMER"
 topics = ["$TOPIC"]
 handler = { kind = "cashback", rate_bp = 200 }
 strategy = "$STRATEGY"
+$PAYLOAD_TOML
 TOML
 
 declare -A PIDS=()
@@ -225,9 +252,9 @@ else
   PATH_ARGS=(--resend-rate 0.10)
   MIX="10% resends, 1% redrives, 1% double taps, 0.1% poison"
 fi
-say "loadgen: $RATE/s for ${SECONDS_}s, $MIX ($STRATEGY strategy)"
+say "loadgen: $RATE/s for ${SECONDS_}s, $MIX ($STRATEGY strategy, $FORMAT payloads)"
 "$BIN/loadgen" --topic "$TOPIC" --partitions "$PARTITIONS" --consumer "$CONSUMER" \
-  --rate "$RATE" --duration "${SECONDS_}s" "${PATH_ARGS[@]}" --redrive-rate 0.01 \
+  --rate "$RATE" --duration "${SECONDS_}s" "${PATH_ARGS[@]}" --format "$FORMAT" --redrive-rate 0.01 \
   --redrive-delay "$((SECONDS_ / 4 + 1))s" --double-tap-rate 0.01 --poison-rate 0.001 \
   --report-dir target/loadgen ${DEMO_LOADGEN_ARGS:-} &
 LOADGEN=$!

@@ -340,6 +340,7 @@ case "${1:-}" in
   logs)
     echo "$KAFKA_HOME/logs/server.log"
     [ -e "$STACK_DIR/pg" ] && echo "$(pg_data_dir)/server.log"
+    if [ -f "$REGISTRY_HOME/registry.log" ]; then echo "$REGISTRY_HOME/registry.log"; fi
     ;;
   reset)
     "$0" down

@@ -369,12 +369,24 @@ async fn the_sql_handler_sees_json_schema_and_avro_payloads_as_the_json_demo_s_o
         };
         common::send_raw(&common::producer(), &topic, Some(0), &recs).await;
         let table = sql_table(&db).await;
-        let config = common::config(&consumer, &topic, &sql_handler(&table), &payload(format, &url, ""));
+        let config = common::config(
+            &consumer,
+            &topic,
+            &sql_handler(&table),
+            &payload(format, &url, ""),
+        );
         let worker = common::start(config).await;
-        eventually(60, "six rows", || async { seen(&db, &table).await.len() == 6 }).await;
+        eventually(60, "six rows", || async {
+            seen(&db, &table).await.len() == 6
+        })
+        .await;
         let mut want: Vec<_> = payments.iter().map(sr::payment_json).collect();
         want.sort_by(|a, b| a["payment_id"].as_str().cmp(&b["payment_id"].as_str()));
-        let got: Vec<_> = seen(&db, &table).await.into_iter().map(|(p, _)| p).collect();
+        let got: Vec<_> = seen(&db, &table)
+            .await
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
         assert_eq!(got, want, "{format}: the decoded payloads");
         worker.stop().await.unwrap();
     }

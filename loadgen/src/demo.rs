@@ -1,6 +1,7 @@
 //! The default command (`make demo`): one load run from the command line's flags ([`Args`]),
 //! its summary table printed, and the exit status its verdict.
 
+use crate::produce::wire::Format;
 use crate::produce::{self, Mix};
 use crate::stages::finish;
 use crate::{produce_stage, report, Args, Session, Spec};
@@ -42,7 +43,24 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     let spec = Spec::from_args(&args)?;
     let mut session = Session::open(&spec).await?;
     if args.via_outbox {
+        anyhow::ensure!(
+            args.format == Format::Json,
+            "--via-outbox writes JSON outbox rows: it takes --format json only"
+        );
         session = session.via_outbox(&spec.database_url).await?;
+    }
+    let registry = args.schema_registry.as_deref();
+    session = session
+        .in_format(args.format, registry, &spec.topic)
+        .await?;
+    if let Some(w) = &session.wire {
+        eprintln!(
+            "loadgen: {} payments, schema id {} (subject {}-value at {})",
+            w.format().name(),
+            w.schema_id(),
+            spec.topic,
+            registry.unwrap_or_default()
+        );
     }
     let produced = produce_stage(&session, &spec).await?;
     let (report, via_outbox) = finish(&session, &spec, &produced).await?;

@@ -114,6 +114,14 @@ struct Args {
     /// published more than once.
     #[arg(long)]
     via_outbox: bool,
+    /// The payload format: json (the JSON object), or, in the Confluent wire format, avro,
+    /// protobuf or json-schema, the schema (loadgen/schemas/) registered under `<topic>-value`.
+    #[arg(long, value_enum, default_value_t = produce::wire::Format::Json)]
+    format: produce::wire::Format,
+    /// The schema registry's Confluent-compatible base URL, for a registry --format (Apicurio:
+    /// http://HOST:PORT/apis/ccompat/v7).
+    #[arg(long, env = "SCHEMA_REGISTRY_URL")]
+    schema_registry: Option<String>,
     /// The producer's compression codec (`compression.type`): the engine reads them all.
     #[arg(long, value_enum, default_value = "none")]
     compression: session::Compression,

@@ -10,7 +10,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureProducer;
 use rdkafka::ClientConfig;
 
-use crate::produce::Run;
+use crate::produce::{wire, Run};
 use crate::topics::{ensure_topic, warm_up};
 use crate::{outbox, verify, Spec};
 
@@ -48,6 +48,8 @@ pub struct Session {
     pub brokers: String,
     /// Set by [`Session::via_outbox`]: payments go to the `outbox` table.
     pub outbox: Option<outbox::Writer>,
+    /// Set by [`Session::in_format`]: records are written in a registry format.
+    pub wire: Option<wire::Serializer>,
 }
 
 impl Session {
@@ -91,12 +93,25 @@ impl Session {
             watcher: LagWatcher::new(brokers, topic, partitions)?,
             brokers: brokers.to_string(),
             outbox: None,
+            wire: None,
         })
     }
 
     /// Payments (and double taps) are written to the `outbox` table from now on.
     pub async fn via_outbox(mut self, database_url: &str) -> anyhow::Result<Session> {
         self.outbox = Some(outbox::Writer::connect(database_url).await?);
+        Ok(self)
+    }
+
+    /// Records are written in `format` from now on, its schema registered for `topic` at
+    /// `registry` (nothing changes for JSON).
+    pub async fn in_format(
+        mut self,
+        format: wire::Format,
+        registry: Option<&str>,
+        topic: &str,
+    ) -> anyhow::Result<Session> {
+        self.wire = wire::Serializer::register(format, registry, topic).await?;
         Ok(self)
     }
 

@@ -172,6 +172,7 @@ pub async fn produce_stage_with(
         &mut rng,
         Arc::clone(&progress),
         session.outbox.as_ref(),
+        session.wire.as_ref(),
     )
     .await;
     let duration_s = run.started.elapsed().as_secs_f64();

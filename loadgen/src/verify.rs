@@ -230,7 +230,11 @@ pub async fn observe(
             .and_then(|d| d.get("payment_id"))
             .and_then(|v| v.as_str())
             .map(str::to_string);
-        let poison = doc.as_ref().is_none_or(|d| d.get("loadgen_run").is_some());
+        // A registry format's poison payment is named by its payment id (produce::records).
+        let poison = doc.as_ref().is_none_or(|d| d.get("loadgen_run").is_some())
+            || payment_id
+                .as_ref()
+                .is_some_and(|p| p.starts_with("poison_"));
         observed.parked.push(ParkedRow {
             reason: r.get(0),
             payment_id,

@@ -19,7 +19,9 @@
 //! 10. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers, and
 //!     with commit groups (`partitions_scale`);
 //! 11. compression codecs: the batch drain of a topic written with none, zstd, gzip, snappy and
-//!     lz4, msg/s and worker CPU per message side by side (`codecs`).
+//!     lz4, msg/s and worker CPU per message side by side (`codecs`);
+//! 12. the registry formats: the batch drain in JSON, Avro, Protobuf and JSON Schema, msg/s and
+//!     worker CPU per message side by side (`formats`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
@@ -28,6 +30,7 @@ mod codecs;
 mod connect;
 mod db;
 mod drain;
+mod formats;
 mod inbox;
 mod latency;
 mod partitions;
@@ -45,6 +48,7 @@ use serde::Serialize;
 use connect::{connect, ConnectReport};
 pub(crate) use db::{pg_cpu_seconds, settle};
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
+use formats::Formats;
 use inbox::InboxRuns;
 use latency::{latency, LatencyAt, P99_TARGET_MS};
 use partitions::{partitions_scale, PartitionsScale};
@@ -97,6 +101,8 @@ pub enum Phase {
     Partitions,
     /// The batch drain of a topic per compression codec (none, zstd, gzip, snappy, lz4).
     Codecs,
+    /// The batch drain in JSON, Avro, Protobuf and JSON Schema (the decode's cost).
+    Formats,
 }
 
 struct Sizes {
@@ -117,6 +123,10 @@ struct Sizes {
     /// Payments of each codec's drain: a quarter of the batch drain's, at least 50,000 (a
     /// drain of a few seconds: shorter ones measure the start more than the codec).
     codecs: u64,
+    /// Payments of each format's drain: a tenth of the batch drain's, 50,000 to 100,000 (a
+    /// drain of 10,000 lasts half a second, and the worker's start-up is then a fifth of its
+    /// CPU per message).
+    formats: u64,
 }
 
 /// The inbox curve's size limit: each of its six runs stores the topic and applies every row,
@@ -145,6 +155,7 @@ impl Sizes {
             river: ((200_000.0 * f) as u64).max(2_000),
             partitions: Duration::from_secs_f64((60.0 * f).max(20.0)),
             codecs: (batch / 4).max(50_000),
+            formats: (batch / 10).clamp(50_000, 100_000),
         })
     }
 }
@@ -239,6 +250,10 @@ struct BenchReport {
     codecs: codecs::Codecs,
     #[serde(skip_serializing_if = "Option::is_none")]
     codecs_error: Option<String>,
+    /// The batch drain in each payload format: msg/s and worker CPU per message, against JSON.
+    formats: Formats,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    formats_error: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -479,6 +494,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             Err(e) => {
                 eprintln!("   the codecs phase failed: {e:#}");
                 report.codecs_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
+    }
+
+    if wants(Phase::Formats) {
+        eprintln!(
+            "== payload formats: the batch drain of {} payments in JSON, Avro, Protobuf and \
+             JSON Schema",
+            sizes.formats
+        );
+        match formats::formats(&bin, &args, sizes.formats).await {
+            Ok(f) => {
+                report.verified &= f.verified();
+                report.formats = f;
+            }
+            Err(e) => {
+                eprintln!("   the formats phase failed: {e:#}");
+                report.formats_error = Some(format!("{e:#}"));
                 report.verified = false;
             }
         }

@@ -18,9 +18,11 @@
 //! the record the relay publishes (key = payment id, the `event_id` and `event_type` headers,
 //! the payload as stored). Poison never passes an outbox: it goes straight to Kafka too.
 //!
-//! One payment's records, as the generator draws them, are made in [`records`].
+//! One payment's records, as the generator draws them, are made in [`records`]; in a registry
+//! format (Avro, Protobuf, JSON Schema) [`wire`] encodes them.
 
 mod records;
+pub mod wire;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -94,13 +96,21 @@ pub enum Kind {
     PoisonUndecodable,
     PoisonNoEventId,
     PoisonBadField,
+    /// A registry format's record whose schema id the registry does not know.
+    PoisonUnknownSchema,
+    /// A registry format's record whose bytes do not fit the schema its id names.
+    PoisonSchemaMismatch,
 }
 
 impl Kind {
     pub fn is_poison(self) -> bool {
         matches!(
             self,
-            Kind::PoisonUndecodable | Kind::PoisonNoEventId | Kind::PoisonBadField
+            Kind::PoisonUndecodable
+                | Kind::PoisonNoEventId
+                | Kind::PoisonBadField
+                | Kind::PoisonUnknownSchema
+                | Kind::PoisonSchemaMismatch
         )
     }
 }
@@ -173,7 +183,7 @@ pub struct Progress {
 
 /// Produces the plan (or `limit` payments, whichever ends first), then the redrives still
 /// due, and waits for every acknowledgement. With `outbox`, payments and double taps are
-/// written there instead (module docs).
+/// written there instead (module docs). With `wire`, records are written in its registry format.
 #[allow(clippy::too_many_arguments)]
 pub async fn produce(
     producer: &FutureProducer,
@@ -184,6 +194,7 @@ pub async fn produce(
     rng: &mut fastrand::Rng,
     progress: Arc<Progress>,
     outbox: Option<&outbox::Writer>,
+    wire: Option<&wire::Serializer>,
 ) -> Vec<Sent> {
     let mut log: Vec<Sent> = Vec::new();
     let mut inflight = FuturesUnordered::new();
@@ -269,7 +280,13 @@ pub async fn produce(
                     inflight.push(write(std::mem::take(&mut pending)));
                     batches += 1;
                 }
-                let d = draw(run, mix, rng, &mut seq);
+                let mut d = draw(run, mix, rng, &mut seq, wire.is_some());
+                if let Some(w) = wire {
+                    // The schema's id is cached since registration: no registry call here.
+                    w.encode(&mut d)
+                        .await
+                        .expect("a payment encodes in its format");
+                }
                 if outbox.is_none() {
                     if let Some(r) = d.redrive {
                         redrives.push_back((Instant::now() + mix.redrive_delay, r));
@@ -431,7 +448,7 @@ fn next_records(
     seq: &mut u64,
     redrives: &mut VecDeque<(Instant, Record)>,
 ) -> Vec<Record> {
-    let d = draw(run, mix, rng, seq);
+    let d = draw(run, mix, rng, seq, false);
     if let Some(r) = d.redrive {
         redrives.push_back((Instant::now() + mix.redrive_delay, r));
     }
@@ -521,7 +538,7 @@ mod tests {
             poison: 0.0,
         };
         let batch = |rng: &mut fastrand::Rng, seq: &mut u64| {
-            let d = draw(&run, &mix, rng, seq);
+            let d = draw(&run, &mix, rng, seq, false);
             let id = d.original.sent.event_id.unwrap();
             let row = outbox::Row {
                 id,

@@ -24,8 +24,16 @@ pub(super) struct Draw {
 }
 
 /// One more payment and what it draws, in the order the generator has always drawn them (so a
-/// seed draws the same payments and duplicates with or without the outbox).
-pub(super) fn draw(run: &Run, mix: &Mix, rng: &mut fastrand::Rng, seq: &mut u64) -> Draw {
+/// seed draws the same payments and duplicates with or without the outbox, in any format).
+/// `registry`: poison of the kinds a registry format meets ([`registry_poison`]); the records
+/// are JSON still, [`super::wire`] encodes them.
+pub(super) fn draw(
+    run: &Run,
+    mix: &Mix,
+    rng: &mut fastrand::Rng,
+    seq: &mut u64,
+    registry: bool,
+) -> Draw {
     *seq += 1;
     let n = *seq;
     let user_id = format!("u_{}_{}", run.id, rng.u64(0..run.users.max(1)));
@@ -36,7 +44,10 @@ pub(super) fn draw(run: &Run, mix: &Mix, rng: &mut fastrand::Rng, seq: &mut u64)
     let redrive = (rng.f64() < mix.redrive).then(|| copy_as(&original, Kind::Redrive));
     let double_tap = (rng.f64() < mix.double_tap)
         .then(|| payment_record(&payment_id, &user_id, amount_paise, Kind::DoubleTap));
-    let poison = (rng.f64() < mix.poison).then(|| poison(run, n, &user_id, rng.bool()));
+    let poison = (rng.f64() < mix.poison).then(|| match registry {
+        false => poison(run, n, &user_id, rng.bool()),
+        true => registry_poison(run, n, &user_id, rng.bool()),
+    });
     Draw {
         original,
         resend,
@@ -48,14 +59,7 @@ pub(super) fn draw(run: &Run, mix: &Mix, rng: &mut fastrand::Rng, seq: &mut u64)
 
 fn payment_record(payment_id: &str, user_id: &str, amount_paise: i64, kind: Kind) -> Record {
     let event_id = uuid::Uuid::now_v7();
-    let payload = serde_json::to_vec(&serde_json::json!({
-        "event_id": event_id,
-        "payment_id": payment_id,
-        "user_id": user_id,
-        "amount_paise": amount_paise,
-        "occurred_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-    }))
-    .expect("a JSON object serialises");
+    let payload = payment_json(event_id, payment_id, user_id, amount_paise);
     Record {
         key: user_id.to_string(),
         payload,
@@ -73,6 +77,18 @@ fn payment_record(payment_id: &str, user_id: &str, amount_paise: i64, kind: Kind
             partition: None,
         },
     }
+}
+
+/// The JSON demo's payment object: what the engine's registry formats decode into too.
+fn payment_json(event_id: Uuid, payment_id: &str, user_id: &str, amount_paise: i64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "event_id": event_id,
+        "payment_id": payment_id,
+        "user_id": user_id,
+        "amount_paise": amount_paise,
+        "occurred_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+    }))
+    .expect("a JSON object serialises")
 }
 
 fn copy_as(r: &Record, kind: Kind) -> Record {
@@ -137,6 +153,55 @@ fn poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Record {
         },
         payload,
         event_id,
+        event_type: None,
+    }
+}
+
+/// Poison for a registry format, drawn with the same odds as [`poison`] and named by its run the
+/// same way (the run id is in the bytes). Half of it cannot be decoded: in turn (by `n`) no
+/// magic byte, a schema id the registry does not know, or bytes that do not fit the schema
+/// ([`super::wire`] frames them). The other half is a well-formed payment the handler must
+/// refuse: odd payments' without an `event_id` header, even ones' with a negative amount. Its
+/// payment id (`poison_<run>_<n>`) tells it from the run's payments.
+fn registry_poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Record {
+    let marker = || {
+        serde_json::to_vec(&serde_json::json!({"loadgen_run": run.id, "poison": n})).expect("json")
+    };
+    let event_id = Uuid::now_v7();
+    let (payload, event_id, kind) = match (undecodable, n % 3) {
+        (true, 0) => (
+            format!("\u{1}no magic byte: loadgen run {} poison {n}", run.id).into_bytes(),
+            Some(event_id),
+            Kind::PoisonUndecodable,
+        ),
+        (true, 1) => (marker(), Some(event_id), Kind::PoisonUnknownSchema),
+        (true, _) => (marker(), Some(event_id), Kind::PoisonSchemaMismatch),
+        (false, _) => {
+            let payment_id = format!("poison_{}_{n}", run.id);
+            if n % 2 == 1 {
+                let payload = payment_json(event_id, &payment_id, user_id, 100);
+                (payload, None, Kind::PoisonNoEventId)
+            } else {
+                let payload = payment_json(event_id, &payment_id, user_id, -100);
+                (payload, Some(event_id), Kind::PoisonBadField)
+            }
+        }
+    };
+    Record {
+        key: user_id.to_string(),
+        sent: Sent {
+            kind,
+            payment_id: None,
+            user_id: user_id.to_string(),
+            amount_paise: 0,
+            event_id,
+            outbox: false,
+            acked: false,
+            acked_at_s: 0.0,
+            partition: None,
+        },
+        payload,
+        event_id: event_id.map(|id| id.to_string()),
         event_type: None,
     }
 }
