@@ -290,7 +290,10 @@ async fn a_batch_blocked_past_stall_after_is_a_stall_until_it_commits() {
     let l = ledger(db, consumer).await;
     let expected: i64 = payments.iter().map(|p| p.amount_paise * 2 / 100).sum();
     assert_eq!((l.credits, l.dedupe_keys, l.parked), (10, 10, 0), "{l:?}");
-    assert_eq!(common::wallet_total(db, &[user.clone()]).await, expected);
+    assert_eq!(
+        common::wallet_total(db, std::slice::from_ref(&user)).await,
+        expected
+    );
     eventually(20, "the stall cleared", || async move {
         sum(PARTITION_STALLED, consumer) == 0.0
             && partition_health::of_consumer(db, consumer)
@@ -363,7 +366,10 @@ async fn inbox_processors_failing_past_stall_after_are_a_stall_until_a_round_com
         (10, 10, 0),
         "{l:?}"
     );
-    assert_eq!(common::wallet_total(db, &[user.clone()]).await, expected);
+    assert_eq!(
+        common::wallet_total(db, std::slice::from_ref(&user)).await,
+        expected
+    );
     eventually(20, "the stall cleared", || async move {
         sum(effectively::metrics::INBOX_PROCESSOR_STALLED, consumer) == 0.0
     })
