@@ -26,6 +26,9 @@ fn records(
         .collect()
 }
 
+/// Writes one payment's record.
+type Encode = dyn Fn(&Payment) -> Vec<u8>;
+
 /// 40 payments (and a resend of every fourth) in `format` into the cashback handler: each
 /// credited once, nothing parked.
 async fn cashback_in(format: &str, strategy: &str) {
@@ -38,7 +41,7 @@ async fn cashback_in(format: &str, strategy: &str) {
     let payments: Vec<Payment> = (0..40)
         .map(|i| Payment::new(&user, 10_000 + i * 100))
         .collect();
-    let encode: Box<dyn Fn(&Payment) -> Vec<u8>> = match format {
+    let encode: Box<Encode> = match format {
         "avro" => {
             let id = sr::register(&url, &subject, "AVRO", PAYMENT_AVSC).await;
             let schema = apache_avro::Schema::parse_str(PAYMENT_AVSC).unwrap();
