@@ -156,11 +156,10 @@ async fn the_sql_handler_sees_protobuf_as_the_json_demo_s_object_and_a_decoded_k
     for p in &payments {
         let key = sr::framed(
             key_id,
-            &apache_avro::to_avro_datum(
+            &sr::datum(
                 &apache_avro::Schema::parse_str("\"string\"").unwrap(),
                 Avro::String(p.user_id.clone()),
-            )
-            .unwrap(),
+            ),
         );
         let value = sr::protobuf(value_id, &desc, p);
         let rec = rdkafka::producer::FutureRecord::to(&topic)

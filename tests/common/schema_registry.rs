@@ -79,7 +79,16 @@ pub fn avro(id: u32, schema: &apache_avro::Schema, p: &Payment, extra: &[(&str, 
     for (name, v) in extra {
         r.put(name, v.clone());
     }
-    framed(id, &apache_avro::to_avro_datum(schema, r).expect("encodes"))
+    framed(id, &datum(schema, r))
+}
+
+/// One Avro datum, as a Confluent serializer writes it after the header.
+pub fn datum(schema: &apache_avro::Schema, value: impl Into<Avro>) -> Vec<u8> {
+    apache_avro::writer::datum::GenericDatumWriter::builder(schema)
+        .build()
+        .expect("a writer")
+        .write_value_to_vec(value)
+        .expect("encodes")
 }
 
 /// `payment.proto`'s message, compiled.

@@ -58,17 +58,18 @@ impl AvroSchema {
     }
 
     pub fn decode(&self, mut body: &[u8]) -> Result<Value, String> {
-        let value = if self.references.is_empty() {
-            apache_avro::from_avro_datum(&self.schema, &mut body, None)
-        } else {
-            apache_avro::from_avro_datum_schemata(
-                &self.schema,
-                self.references.iter().collect(),
-                &mut body,
-                None,
+        // Built per record: it borrows the schema (as the older from_avro_datum did inside).
+        let reader = apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
+            .writer_schemata(
+                self.references
+                    .iter()
+                    .chain(std::iter::once(&self.schema))
+                    .collect(),
             )
-        }
-        .map_err(|e| format!("Avro: {e}"))?;
+            .and_then(|b| b.build());
+        let value = reader
+            .and_then(|r| r.read_value(&mut body))
+            .map_err(|e| format!("Avro: {e}"))?;
         if !body.is_empty() {
             return Err(format!(
                 "Avro: {} bytes left over after the record (written with another schema?)",
@@ -191,7 +192,11 @@ fn collect(schema: &Schema, into: &mut HashMap<Name, Schema>) {
         Schema::Array(a) => collect(&a.items, into),
         Schema::Map(m) => collect(&m.types, into),
         Schema::Union(u) => u.variants().iter().for_each(|v| collect(v, into)),
-        Schema::Decimal(d) => collect(&d.inner, into),
+        Schema::Decimal(d) => {
+            if let apache_avro::schema::InnerDecimalSchema::Fixed(f) = &d.inner {
+                into.insert(f.name.clone(), Schema::Fixed(f.clone()));
+            }
+        }
         _ => {}
     }
 }
@@ -295,6 +300,14 @@ mod tests {
     use super::*;
     use apache_avro::types::Record;
 
+    fn datum(schema: &Schema, r: Record<'_>) -> Vec<u8> {
+        apache_avro::writer::datum::GenericDatumWriter::builder(schema)
+            .build()
+            .unwrap()
+            .write_value_to_vec(r)
+            .unwrap()
+    }
+
     fn compile(text: &str) -> AvroSchema {
         AvroSchema::compile(&SchemaText {
             kind: super::super::Kind::Avro,
@@ -343,7 +356,7 @@ mod tests {
         r.put("user_id", "u_1");
         r.put("amount_paise", 12_300i64);
         r.put("occurred_at", Avro::TimestampMicros(1_700_000_000_000_001));
-        let bytes = apache_avro::to_avro_datum(&s.schema, r).unwrap();
+        let bytes = datum(&s.schema, r);
         assert_eq!(
             s.decode(&bytes).unwrap(),
             serde_json::json!({
@@ -396,7 +409,7 @@ mod tests {
         r.put("day", Avro::Date(19_000));
         r.put("raw", Avro::Bytes(vec![1, 2, 3]));
         r.put("again", Avro::Enum(0, "RED".into()));
-        let bytes = apache_avro::to_avro_datum(&s.schema, r).unwrap();
+        let bytes = datum(&s.schema, r);
         assert_eq!(
             s.decode(&bytes).unwrap(),
             serde_json::json!({
