@@ -18,8 +18,8 @@
 
 pub mod format;
 pub mod registry;
+mod rejection;
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,7 @@ use uuid::Uuid;
 use crate::config::{EventDateSource, MessageIdSource, PayloadConfig};
 use format::Kind;
 use registry::{Lookup, Registry, Unavailable};
+pub use rejection::{Reason, Rejection};
 
 /// The payload field [`EventDateSource::Auto`] reads first.
 const OCCURRED_AT: &str = "/occurred_at";
@@ -38,78 +39,6 @@ const OCCURRED_AT: &str = "/occurred_at";
 /// How much of an offending value a detail quotes: enough to recognise it, bounded so a
 /// garbage header cannot bloat the dead-letter table or the logs.
 const QUOTE_CHARS: usize = 64;
-
-/// Declares [`Reason`] with its codes in one list, so `ALL` and `as_str` cannot drift from the
-/// variants.
-macro_rules! reasons {
-    ($($variant:ident => $code:literal,)*) => {
-        /// Why a record cannot be applied. The codes are stable: they are stored in
-        /// `dead_letters.reason` and used as metric labels, so renaming one breaks queries.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum Reason { $($variant,)* }
-
-        impl Reason {
-            /// Every reason, so metrics can pre-register a zero series for each label.
-            pub const ALL: [Reason; [$($code,)*].len()] = [$(Reason::$variant,)*];
-
-            /// The stable snake_case code.
-            pub fn as_str(&self) -> &'static str {
-                match self { $(Reason::$variant => $code,)* }
-            }
-        }
-    };
-}
-
-reasons! {
-    MissingEventId => "missing_event_id",
-    InvalidEventId => "invalid_event_id",
-    EmptyPayload => "empty_payload",
-    OversizedPayload => "oversized_payload",
-    UndecodablePayload => "undecodable_payload",
-    NoEventDate => "no_event_date",
-    InvalidEventDate => "invalid_event_date",
-    OlderThanRetention => "older_than_retention",
-    FutureEventDate => "future_event_date",
-    MissingField => "missing_field",
-    HandlerRejected => "handler_rejected",
-    RetriesExhausted => "retries_exhausted",
-    NotWireFormat => "not_wire_format",
-    UnknownSchema => "unknown_schema",
-    SchemaMismatch => "schema_mismatch",
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Why a record cannot be applied: a stable `reason` for machines, a `detail` sentence for the
-/// operator (the caller adds topic, partition and offset).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}: {detail}")]
-pub struct Rejection {
-    pub reason: Reason,
-    pub detail: String,
-    /// The message id when one was readable, so a parked record can be traced to its producer.
-    pub message_id: Option<Uuid>,
-}
-
-impl Rejection {
-    pub fn new(reason: Reason, detail: impl Into<String>) -> Self {
-        Rejection {
-            reason,
-            detail: detail.into(),
-            message_id: None,
-        }
-    }
-
-    /// Attaches the message id, for rejections raised after decoding (window, handler, retries).
-    pub fn with_message_id(mut self, id: Uuid) -> Self {
-        self.message_id = Some(id);
-        self
-    }
-}
 
 /// A borrowed view of one Kafka record, built by the caller from rdkafka's message.
 #[derive(Debug, Clone, Copy)]
