@@ -126,6 +126,24 @@ fn sql_handler(table: &str) -> String {
     )
 }
 
+/// A worker with the SQL handler on `topic`, run until its table holds `rows` rows.
+async fn sql_run(
+    db: &tokio_postgres::Client,
+    consumer: &str,
+    topic: &str,
+    payload: &str,
+    rows: usize,
+) -> (effectively::worker::Worker, String) {
+    let table = sql_table(db).await;
+    let config = common::config(consumer, topic, &sql_handler(&table), payload);
+    let worker = common::start(config).await;
+    eventually(60, &format!("{rows} rows"), || async {
+        seen(db, &table).await.len() == rows
+    })
+    .await;
+    (worker, table)
+}
+
 async fn seen(
     db: &tokio_postgres::Client,
     table: &str,
@@ -177,17 +195,13 @@ async fn the_sql_handler_sees_protobuf_as_the_json_demo_s_object_and_a_decoded_k
             .unwrap();
     }
     let db = common::pg().await;
-    let table = sql_table(&db).await;
-    let config = common::config(
+    let (worker, table) = sql_run(
+        &db,
         &consumer,
         &topic,
-        &sql_handler(&table),
         &payload("protobuf", &url, ", key_format = \"avro\""),
-    );
-    let worker = common::start(config).await;
-    eventually(60, "five rows", || async {
-        seen(&db, &table).await.len() == 5
-    })
+        5,
+    )
     .await;
     let rows = seen(&db, &table).await;
     let mut expected: Vec<_> = payments
@@ -239,18 +253,7 @@ async fn a_schema_that_evolves_mid_stream_decodes_both_versions() {
     });
     common::send_raw(&common::producer(), &topic, Some(0), &recs).await;
     let db = common::pg().await;
-    let table = sql_table(&db).await;
-    let config = common::config(
-        &consumer,
-        &topic,
-        &sql_handler(&table),
-        &payload("avro", &url, ""),
-    );
-    let worker = common::start(config).await;
-    eventually(60, "ten rows", || async {
-        seen(&db, &table).await.len() == 10
-    })
-    .await;
+    let (worker, table) = sql_run(&db, &consumer, &topic, &payload("avro", &url, ""), 10).await;
     for (payload, _) in seen(&db, &table).await {
         let amount = payload["amount_paise"].as_i64().unwrap();
         if amount % 2 == 0 {
@@ -370,18 +373,7 @@ async fn the_sql_handler_sees_json_schema_and_avro_payloads_as_the_json_demo_s_o
             records(&payments, |p| sr::json_schema(id, p))
         };
         common::send_raw(&common::producer(), &topic, Some(0), &recs).await;
-        let table = sql_table(&db).await;
-        let config = common::config(
-            &consumer,
-            &topic,
-            &sql_handler(&table),
-            &payload(format, &url, ""),
-        );
-        let worker = common::start(config).await;
-        eventually(60, "six rows", || async {
-            seen(&db, &table).await.len() == 6
-        })
-        .await;
+        let (worker, table) = sql_run(&db, &consumer, &topic, &payload(format, &url, ""), 6).await;
         let mut want: Vec<_> = payments.iter().map(sr::payment_json).collect();
         want.sort_by(|a, b| a["payment_id"].as_str().cmp(&b["payment_id"].as_str()));
         let got: Vec<_> = seen(&db, &table)

@@ -28,17 +28,16 @@ pub(crate) fn query(pairs: &[(&str, Option<String>)]) -> String {
     }
 }
 
+/// What stays as it is in a URL component: RFC 3986's unreserved characters.
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 /// Percent-encodes everything but unreserved characters (RFC 3986).
 pub(crate) fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(s, UNRESERVED).to_string()
 }
 
 #[cfg(test)]
