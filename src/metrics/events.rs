@@ -22,6 +22,10 @@ impl PartitionMetrics {
             ("topic", topic.to_string()),
             ("partition", partition.to_string()),
         ];
+        // The Schema Registry's series at 0 for every partition (a JSON consumer's stay there),
+        // so the alert and the dashboard see the first wait.
+        schema_registry_unavailable(consumer, topic, partition, false);
+        schema_registry_series(consumer);
         // Zero series from the start, so rate() and increase() see the first parked message
         // of each reason and the first fence.
         for reason in crate::envelope::Reason::ALL {

@@ -188,9 +188,6 @@ impl Source {
                 reason,
             })?,
         );
-        if decoder.registry().is_some() {
-            crate::metrics::schema_registry_series(&self.config.name);
-        }
         let (exit_tx, mut exits) = mpsc::unbounded_channel::<(TopicPartition, Exit)>();
         // Fenced partitions, sent back after FENCED_RECLAIM_AFTER to be claimed again if Kafka
         // still assigns them to this worker.
