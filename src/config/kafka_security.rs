@@ -18,6 +18,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::read_secret;
+
 /// `[kafka.tls]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,27 +96,14 @@ impl KafkaSasl {
     /// Reads the password from its variable or file.
     pub fn password(&self) -> Result<Password, String> {
         match (&self.password_env, &self.password_file) {
-            (Some(var), None) => match std::env::var(var) {
-                Ok(p) if !p.is_empty() => Ok(Password(p)),
-                _ => Err(format!(
-                    "kafka.sasl.password_env: the environment variable {var} is not set (or empty)"
-                )),
-            },
-            (None, Some(path)) => match std::fs::read_to_string(path) {
-                Ok(p) => {
-                    let p = p.strip_suffix('\n').unwrap_or(&p);
-                    let p = p.strip_suffix('\r').unwrap_or(p);
-                    if p.is_empty() {
-                        Err(format!(
-                            "kafka.sasl.password_file {} is empty",
-                            path.display()
-                        ))
-                    } else {
-                        Ok(Password(p.to_string()))
-                    }
-                }
-                Err(e) => Err(format!("kafka.sasl.password_file {}: {e}", path.display())),
-            },
+            (Some(_), None) | (None, Some(_)) => {
+                let p = read_secret(
+                    "kafka.sasl.password",
+                    &self.password_env,
+                    &self.password_file,
+                )?;
+                Ok(Password(p.expect("one source is set")))
+            }
             _ => Err(
                 "kafka.sasl needs exactly one of password_env and password_file (the \
                       password itself never goes in the file)"

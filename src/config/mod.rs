@@ -430,5 +430,36 @@ impl Config {
     }
 }
 
+/// A secret from its variable (`{what}_env`) or file (`{what}_file`, one trailing newline
+/// dropped): the SASL password, the registry's password or token. `None` when neither is set.
+pub(super) fn read_secret(
+    what: &str,
+    env: &Option<String>,
+    file: &Option<PathBuf>,
+) -> Result<Option<String>, String> {
+    match (env, file) {
+        (None, None) => Ok(None),
+        (Some(var), None) => match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Ok(Some(v)),
+            _ => Err(format!(
+                "{what}_env: the environment variable {var} is not set (or empty)"
+            )),
+        },
+        (None, Some(path)) => match std::fs::read_to_string(path) {
+            Ok(v) => {
+                let v = v.strip_suffix('\n').unwrap_or(&v);
+                let v = v.strip_suffix('\r').unwrap_or(v);
+                if v.is_empty() {
+                    Err(format!("{what}_file {} is empty", path.display()))
+                } else {
+                    Ok(Some(v.to_string()))
+                }
+            }
+            Err(e) => Err(format!("{what}_file {}: {e}", path.display())),
+        },
+        (Some(_), Some(_)) => Err(format!("{what}_env and {what}_file exclude each other")),
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -141,8 +141,8 @@ impl PayloadConfig {
 
     /// Reads the credentials from their variables or files.
     pub fn auth(&self) -> Result<RegistryAuth, String> {
-        let token = secret("payload.token", &self.token_env, &self.token_file)?;
-        let password = secret("payload.password", &self.password_env, &self.password_file)?;
+        let token = read_secret("payload.token", &self.token_env, &self.token_file)?;
+        let password = read_secret("payload.password", &self.password_env, &self.password_file)?;
         match (&self.username, password, token) {
             (None, None, None) => Ok(RegistryAuth::None),
             (None, None, Some(t)) => Ok(RegistryAuth::Bearer(t)),
@@ -201,36 +201,5 @@ impl PayloadConfig {
             p.push("payload.timeout must be more than 0".into());
         }
         p
-    }
-}
-
-/// A secret from its variable or file (one trailing newline dropped); `None` when neither is
-/// set.
-fn secret(
-    what: &str,
-    env: &Option<String>,
-    file: &Option<PathBuf>,
-) -> Result<Option<String>, String> {
-    match (env, file) {
-        (None, None) => Ok(None),
-        (Some(var), None) => match std::env::var(var) {
-            Ok(v) if !v.is_empty() => Ok(Some(v)),
-            _ => Err(format!(
-                "{what}_env: the environment variable {var} is not set (or empty)"
-            )),
-        },
-        (None, Some(path)) => match std::fs::read_to_string(path) {
-            Ok(v) => {
-                let v = v.strip_suffix('\n').unwrap_or(&v);
-                let v = v.strip_suffix('\r').unwrap_or(v);
-                if v.is_empty() {
-                    Err(format!("{what}_file {} is empty", path.display()))
-                } else {
-                    Ok(Some(v.to_string()))
-                }
-            }
-            Err(e) => Err(format!("{what}_file {}: {e}", path.display())),
-        },
-        (Some(_), Some(_)) => Err(format!("{what}_env and {what}_file exclude each other")),
     }
 }
