@@ -163,7 +163,8 @@ pg_initdb() {
 pg_start() {
   as_postgres "$(pg_bin)/pg_ctl" -D "$1" -l "$1/server.log" -w -t 60 start -o \
     "-p $2 -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=300 \
-     -c shared_buffers=256MB -c max_wal_size=2GB -c fsync=on -c synchronous_commit=on ${3:-}" \
+     -c shared_buffers=256MB -c max_wal_size=2GB -c fsync=on -c synchronous_commit=on \
+     -c shared_preload_libraries=pg_stat_statements ${3:-}" \
     >/dev/null || { tail -30 "$1/server.log" >&2; die "postgresql did not start"; }
 }
 

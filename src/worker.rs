@@ -214,7 +214,7 @@ impl Worker {
                 continue;
             }
             let mut set = JoinSet::new();
-            processor::spawn(p, *n, &shutdown, &mut set);
+            processor::spawn(p, *n, &worker_id, &shutdown, &mut set);
             let consumer = p.consumer.to_string();
             tasks.spawn(async move {
                 while let Some(r) = set.join_next().await {

@@ -17,8 +17,9 @@ pub struct InboxConfig {
     pub processors: usize,
     /// Rows one processor claims per transaction.
     pub claim_batch: usize,
-    /// How long an idle processor waits before it looks for due rows again. A processor that
-    /// claimed a full batch looks again at once.
+    /// How long an idle processor (its last round found no due row) waits before it looks
+    /// again, unless the receiver signals new rows first. A round that claimed rows is
+    /// followed by another at once.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     /// Which rows must be applied in arrival order: those of one key.

@@ -4,5 +4,6 @@
 //! ([`admin`]). Used by the worker and the command line, never by the Kafka source.
 
 pub mod admin;
+pub mod members;
 pub mod processor;
 mod versioned;

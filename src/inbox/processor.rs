@@ -29,6 +29,7 @@ use uuid::Uuid;
 use crate::config::{ClaimMode, ConsumerConfig, DoneRows};
 use crate::envelope::Envelope;
 use crate::handler::{Applied, BatchContext, Handler, HandlerError};
+use crate::inbox::members::Members;
 use crate::stats::Stats;
 use crate::store::inbox::{self as table, Claimed, Failure};
 use crate::store::{copy, ErrorClass, StoreError};
@@ -185,12 +186,15 @@ impl From<deadpool_postgres::PoolError> for RoundError {
 }
 
 impl Processors {
-    /// One processor task: rounds until `stop`. A round that claimed a full batch is followed by
-    /// another at once; otherwise the task waits for the receiver's signal or `poll_interval`.
-    /// `slice`: the keys this task claims from (see [`table::Slice`]).
+    /// One processor task, this process's `k`th: rounds until `stop`. A round that claimed any
+    /// row is followed by another at once; one that found nothing due waits for the receiver's
+    /// signal or `poll_interval`. Each round claims from the slice of the keys `members` gives
+    /// it (see [`table::Slice`]); a round that found no due row there looks at every key, for
+    /// the keys of a member that died and of slices nobody took yet.
     pub async fn run(
         self: Arc<Self>,
-        slice: table::Slice,
+        members: Members,
+        k: usize,
         stop: CancellationToken,
     ) -> Result<(), ProcessorError> {
         let inbox = &self.config.inbox;
@@ -203,10 +207,22 @@ impl Processors {
                 return Ok(());
             }
             let woken = self.stored.notified();
-            match stall.watch(self.round(slice, &stop)).await {
+            let slice = members.slice(k);
+            let round = async {
+                let round = self.round(slice, &stop).await?;
+                match round.claimed == 0 && slice.of > 1 && !stop.is_cancelled() {
+                    true => self.round(table::Slice::ALL, &stop).await,
+                    false => Ok(round),
+                }
+            };
+            match stall.watch(round).await {
                 Ok(round) => {
                     unavailable = 0;
-                    if round.claimed >= inbox.claim_batch {
+                    // Rows were due: more may be (the next heads of the keys just applied).
+                    // Waiting for a full claim instead left a slice of few keys, or a round
+                    // that found part of its claim locked, idle for a poll interval after
+                    // every round.
+                    if round.claimed > 0 {
                         continue;
                     }
                 }
@@ -642,19 +658,23 @@ fn row_error(e: HandlerError) -> (bool, String) {
     }
 }
 
-/// Starts `n` processor tasks for one consumer on `tasks`.
+/// Starts `n` processor tasks for one consumer on `tasks`, and the task that keeps this
+/// process among the consumer's members (`worker`: this process's worker id).
 pub fn spawn(
     processors: &Arc<Processors>,
     n: usize,
+    worker: &str,
     stop: &CancellationToken,
     tasks: &mut tokio::task::JoinSet<Result<(), ProcessorError>>,
 ) {
     crate::metrics::inbox_consumer(&processors.consumer);
-    for index in 0..n {
-        let slice = table::Slice {
-            index: index as i32,
-            of: n as i32,
-        };
-        tasks.spawn(Arc::clone(processors).run(slice, stop.child_token()));
+    let members = Members::new(Arc::clone(&processors.consumer), worker, n);
+    for k in 0..n {
+        tasks.spawn(Arc::clone(processors).run(members.clone(), k, stop.child_token()));
     }
+    let (pool, stop) = (processors.pool.clone(), stop.child_token());
+    tasks.spawn(async move {
+        members.run(pool, stop).await;
+        Ok(())
+    });
 }

@@ -75,6 +75,23 @@ pub(super) struct DbMark {
     /// Per partition of `inbox` (oid): index scans and buffer accesses so far.
     pub(super) inbox_reads: HashMap<u32, (i64, i64)>,
     pub(super) pg_cpu_s: f64,
+    /// Per statement (`pg_stat_statements`, when the server loads it): the counters so far.
+    pub(super) statements: HashMap<i64, Statement>,
+}
+
+/// One statement's share of a phase, from `pg_stat_statements` (the stack's PostgreSQL loads
+/// it; a server that does not leaves the list empty): the profile of where PostgreSQL's time
+/// went, by statement.
+#[derive(Debug, Default, Clone, Serialize)]
+pub(super) struct Statement {
+    /// The normalized text, its first 160 characters on one line.
+    pub(super) query: String,
+    pub(super) calls: i64,
+    /// Execution time, all calls together (plan time excluded; it is off by default).
+    pub(super) exec_ms: f64,
+    pub(super) rows: i64,
+    /// Shared buffers hit and read.
+    pub(super) buffers: i64,
 }
 
 impl Db {
@@ -84,7 +101,60 @@ impl Db {
                 .await
                 .context("connecting to PostgreSQL")?;
         tokio::spawn(conn);
+        // The per-statement profile: present when the server preloads the module (the stack's
+        // does, scripts/lib.sh); elsewhere the profile stays empty.
+        let _ = client
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await;
         Ok(Db { client })
+    }
+
+    /// The statements' counters now (empty without `pg_stat_statements`).
+    async fn statements(&self) -> HashMap<i64, Statement> {
+        let rows = self
+            .client
+            .query(
+                "SELECT queryid, left(regexp_replace(query, '\\s+', ' ', 'g'), 160), calls,
+                        total_exec_time, rows, shared_blks_hit + shared_blks_read
+                 FROM pg_stat_statements WHERE queryid IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap_or_default();
+        rows.iter()
+            .map(|r| {
+                let s = Statement {
+                    query: r.get(1),
+                    calls: r.get(2),
+                    exec_ms: r.get(3),
+                    rows: r.get(4),
+                    buffers: r.get(5),
+                };
+                (r.get::<_, i64>(0), s)
+            })
+            .collect()
+    }
+
+    /// The `n` statements that took the most execution time since `since`, most first.
+    pub(super) async fn top_statements(&self, since: &DbMark, n: usize) -> Vec<Statement> {
+        let now = self.statements().await;
+        let mut out: Vec<Statement> = now
+            .into_iter()
+            .map(|(id, s)| {
+                let was = since.statements.get(&id).cloned().unwrap_or_default();
+                Statement {
+                    calls: s.calls - was.calls,
+                    exec_ms: round1(s.exec_ms - was.exec_ms),
+                    rows: s.rows - was.rows,
+                    buffers: s.buffers - was.buffers,
+                    query: s.query,
+                }
+            })
+            .filter(|s| s.calls > 0)
+            .collect();
+        out.sort_by(|a, b| b.exec_ms.total_cmp(&a.exec_ms));
+        out.truncate(n);
+        out
     }
 
     /// Waits (up to 10 s) until no engine session is connected: a session reports its row
@@ -137,6 +207,7 @@ impl Db {
             row_writes,
             inbox_reads,
             pg_cpu_s: pg_cpu_seconds(&self.client).await.unwrap_or(0.0),
+            statements: self.statements().await,
         })
     }
 

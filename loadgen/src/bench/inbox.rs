@@ -20,19 +20,23 @@ pub(super) struct InboxRuns {
     pub(super) sizes: String,
     /// Distinct ordering keys (Kafka keys: one per user) among the rows.
     pub(super) keys: u64,
-    /// In the order they ran: 1, 2, 4 and 8 processors in one worker, 4 in each of two
-    /// workers, then 1 again (how far the machine drifted during the curve).
+    /// In the order they ran: [`SHAPES`], [`RUNS_EACH`] times over.
     pub(super) curve: Vec<InboxRun>,
 }
 
 impl InboxRuns {
-    /// Rows/s of the runs with `workers` x `processors` (the mean when it ran twice).
+    /// Rows/s of the runs with `workers` x `processors`: the median of its runs.
     pub(super) fn rows_s(&self, workers: usize, processors: usize) -> f64 {
-        let runs: Vec<f64> = (self.curve.iter())
+        let mut runs: Vec<f64> = (self.curve.iter())
             .filter(|r| r.workers == workers && r.processors == processors)
             .map(|r| r.process.msg_s)
             .collect();
-        runs.iter().sum::<f64>() / runs.len().max(1) as f64
+        runs.sort_by(f64::total_cmp);
+        match runs.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => runs[n / 2],
+            n => (runs[n / 2 - 1] + runs[n / 2]) / 2.0,
+        }
     }
 
     pub(super) fn verified(&self) -> bool {
@@ -86,12 +90,19 @@ pub(super) struct InboxPhase {
     /// PostgreSQL's CPU per row (process) or record (ingest).
     pub(super) pg_cpu_us_per_row: f64,
     pub(super) db: DbCost,
+    /// The statements PostgreSQL spent the most time on (`pg_stat_statements`), most first.
+    pub(super) top_statements: Vec<super::db::Statement>,
 }
 
-/// The curve's runs, `(workers, processors each)`, in order.
-pub(super) const CURVE: [(usize, usize); 6] = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 4), (1, 1)];
+/// The curve's shapes, `(workers, processors each)`: 1, 2, 4 and 8 processors in one worker,
+/// then two workers of 4.
+pub(super) const SHAPES: [(usize, usize); 5] = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 4)];
 
-/// The processor curve on one pre-filled topic of `events` payments: for each of [`CURVE`], a
+/// Each shape runs this many times, the shapes interleaved (all five, then all five again), so
+/// a drift of the shared machine spreads over every shape; a shape's rows/s is the median.
+pub(super) const RUNS_EACH: usize = 3;
+
+/// The processor curve on one pre-filled topic of `events` payments: for each run of [`SHAPES`], a
 /// fresh consumer (fresh rows and a fresh ledger: the cashback effect dedupes by payment, so
 /// rows put back to PENDING would do no work). A receiver-only worker (`processors = 0`)
 /// stores the topic, measured like the drains; then the workers apply the rows until none is
@@ -117,7 +128,8 @@ pub(super) async fn curve(bin: &Path, args: &BenchArgs, events: u64) -> anyhow::
         ..InboxRuns::default()
     };
     let db = Db::connect(args).await?;
-    for (workers, processors) in CURVE {
+    let order = (0..RUNS_EACH).flat_map(|_| SHAPES);
+    for (workers, processors) in order {
         if let Some(last) = runs.curve.last() {
             forget_effects(&db, &last.consumer).await?;
         }
@@ -230,6 +242,7 @@ async fn run(
         worker.stop().await?;
     }
     let process_cost = db.cost_since(&mark).await?;
+    let top = db.top_statements(&mark, 8).await;
     let r = db
         .client
         .query_one(
@@ -253,15 +266,18 @@ async fn run(
         .await?
         .get(0);
     let credits = credits as u64;
-    let process = phase(
-        done,
-        span,
-        process_wall,
-        rss_mb,
-        cpu_s,
-        records,
-        process_cost,
-    );
+    let process = InboxPhase {
+        top_statements: top,
+        ..phase(
+            done,
+            span,
+            process_wall,
+            rss_mb,
+            cpu_s,
+            records,
+            process_cost,
+        )
+    };
     let ledger = finish_stage(session, spec, produced).await?;
     let verified = ledger.verified
         && rows == unique
@@ -314,5 +330,6 @@ pub(super) fn phase(
         inbox_buffers_per_row: round1(db.inbox_buffers as f64 / count.max(1) as f64),
         pg_cpu_us_per_row: db.pg_cpu_us_per(count),
         db,
+        top_statements: Vec::new(),
     }
 }

@@ -43,6 +43,8 @@ const RUNS: [(usize, usize); 6] = [
 ];
 /// The engine's default `inbox.claim_batch`.
 const DEFAULT_CLAIM: usize = 100;
+/// The engine's default `inbox.processors`.
+const DEFAULT_PROCESSORS: usize = 4;
 
 /// The no-op effect: a statement that reads the staged messages and writes nothing. The SQL
 /// handler is the only one that needs no business table, but it stages every round's payloads
@@ -76,6 +78,11 @@ pub(super) struct RiverRuns {
     pub(super) inbox_vs_river_tuned: f64,
     /// Our best with the default claim (100 rows) over River's better run.
     pub(super) inbox_default_claim_vs_river: f64,
+    /// Both at their defaults: ours as the engine ships (4 processors, claims of 100) over
+    /// River's defaults. Target >= 1.0.
+    pub(super) both_default: f64,
+    /// Both tuned: our best run over River tuned's better run. Target >= 1.0.
+    pub(super) both_tuned: f64,
     pub(super) verified: bool,
 }
 
@@ -159,6 +166,10 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
         .filter(|r| r.claim_batch == DEFAULT_CLAIM)
         .map(|r| r.rows_s)
         .fold(0.0, f64::max);
+    let ours_default = (inbox.iter())
+        .filter(|r| r.claim_batch == DEFAULT_CLAIM && r.processors == DEFAULT_PROCESSORS)
+        .map(|r| r.rows_s)
+        .fold(0.0, f64::max);
     let river_best = river_tuned.jobs_s.max(river_default.jobs_s);
     let river_best_wall = river_tuned.jobs_s_wall.max(river_default.jobs_s_wall);
     let best_wall = inbox.iter().map(|r| r.rows_s_wall).fold(0.0, f64::max);
@@ -177,6 +188,8 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
         inbox_vs_river_wall: ratio(best_wall, river_best_wall),
         inbox_vs_river_default: ratio(best.rows_s, river_default.jobs_s),
         inbox_vs_river_tuned: ratio(best.rows_s, river_tuned.jobs_s),
+        both_default: ratio(ours_default, river_default.jobs_s),
+        both_tuned: ratio(best.rows_s, river_tuned.jobs_s),
         verified: inbox.iter().all(|r| r.verified)
             && river_tuned.completed == n
             && river_default.completed == n,
@@ -187,7 +200,8 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
     };
     eprintln!(
         "   inbox (no-op, best at {} processors, claims of {}) {:.0} rows/s; River tuned {:.0} \
-         jobs/s, default {:.0}; inbox_vs_river {:.2} (wall: {:.2}); with the default claim {:.2}",
+         jobs/s, default {:.0}; inbox_vs_river {:.2} (wall: {:.2}); with the default claim {:.2}; \
+         both at their defaults {:.2}, both tuned {:.2}",
         runs.best_processors,
         runs.best_claim_batch,
         best_rows_s,
@@ -195,7 +209,9 @@ pub(super) async fn river(bin: &Path, args: &BenchArgs, n: u64) -> anyhow::Resul
         runs.river_default.jobs_s,
         runs.inbox_vs_river,
         runs.inbox_vs_river_wall,
-        runs.inbox_default_claim_vs_river
+        runs.inbox_default_claim_vs_river,
+        runs.both_default,
+        runs.both_tuned
     );
     Ok(runs)
 }

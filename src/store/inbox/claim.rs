@@ -27,17 +27,20 @@ pub struct Claimed {
     pub payload: Vec<u8>,
 }
 
-/// The per-key order predicate (see the module docs), for a row aliased `i`: its `seq` is the
-/// smallest of its key's open rows. A correlated scalar subquery, not `NOT EXISTS`, because
-/// PostgreSQL runs it as one index descent per candidate row whatever its estimates; a
-/// `NOT EXISTS` it may turn into a hash anti-join over every open row of the consumer, which
-/// it did for a consumer the statistics had not seen yet (200 ms a claim instead of 2 ms, a
-/// 100,000-row backlog drained 10 times slower).
-const HEAD_OF_KEY: &str = "i.seq = (
-        SELECT h.seq FROM inbox h
+/// The per-key order predicate (see the module docs), for a row aliased `i`: no open row of
+/// its key comes before it. A scalar subquery around `NOT EXISTS`, so that it stays a subplan
+/// run per candidate (an index descent per `inbox` partition that stops at the first earlier
+/// row) and is never made an anti-join: as a join PostgreSQL may hash every open row of the
+/// consumer, which it did for a consumer the statistics had not seen yet (200 ms a claim
+/// instead of 2 ms). Until issue 35 it was `i.seq = (SELECT h.seq ... ORDER BY h.seq LIMIT 1)`,
+/// which PostgreSQL ran as an Append of the partitions and a sort: every open row of the key
+/// was read for each candidate (`pg_stat_statements` in `make bench`: the claim was half of
+/// PostgreSQL's time, and its cost grew with the rows per key, so full scale, 100 rows a key,
+/// drained slower than quick scale's 10).
+const HEAD_OF_KEY: &str = "(SELECT NOT EXISTS (
+        SELECT FROM inbox h
         WHERE h.consumer = i.consumer AND h.ordering_key = i.ordering_key
-          AND h.status IN ('PENDING', 'IN_PROGRESS')
-        ORDER BY h.seq LIMIT 1)";
+          AND h.status IN ('PENDING', 'IN_PROGRESS') AND h.seq < i.seq))";
 
 /// The share of the ordering keys one processor claims from: keys whose hash falls in slice
 /// `index` of `of`. A worker's `n` processors take slices `0..n` of `n`, so they stop walking
@@ -47,7 +50,7 @@ const HEAD_OF_KEY: &str = "i.seq = (
 /// processor, 41 with four, 68 with eight). Slices narrow where a claim looks, never what it
 /// may take: order and exclusion still come from the head-of-key check and the row locks, so
 /// processes with different processor counts, or a dead processor's rows, are safe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Slice {
     pub index: i32,
     pub of: i32,
@@ -94,10 +97,11 @@ impl Mode {
 }
 
 /// The claimable rows, locked with SKIP LOCKED, as a query selecting `select` (columns of
-/// `i`). `$1` consumer, `$2` limit, `$3` the window's end (see [`claim_rows`]), `$4` and `$5`
+/// `i`). `$1` consumer, `$2` limit, `$3` the part of the window to read, `[after, end]` (see
+/// [`claim_rows`]), `$4` and `$5`
 /// the slice ([`Slice`]), `${cursor}` (by keys only) the key the walk starts after.
 ///
-/// `by_keys = false`: rows at or before the window's end, oldest first, each checked to be the
+/// `by_keys = false`: rows after `after` and at or before the window's end, oldest first, each checked to be the
 /// head of its key. Cheap when heads are near the front, which they are unless a few keys hold
 /// most of the backlog: then nearly every row it looks at is blocked behind its key's head, and
 /// a scan by arrival would read the whole backlog (5 s for 100,000 rows of 10 keys). The end
@@ -112,7 +116,8 @@ fn pick_sql(mode: Mode, by_keys: bool, select: &str, cursor: usize) -> String {
     if !by_keys {
         return format!(
             "SELECT {select} FROM inbox i
-             WHERE i.consumer = (SELECT $1::text) AND {due} AND i.seq <= (SELECT $3::bigint)
+             WHERE i.consumer = (SELECT $1::text) AND {due}
+               AND i.seq > (SELECT ($3::int8[])[1]) AND i.seq <= (SELECT ($3::int8[])[2])
                AND {IN_SLICE} AND {HEAD_OF_KEY}
              ORDER BY i.seq LIMIT $2
              FOR UPDATE OF i SKIP LOCKED"
@@ -149,11 +154,17 @@ fn pick_sql(mode: Mode, by_keys: bool, select: &str, cursor: usize) -> String {
          CROSS JOIN LATERAL (
              SELECT {select} FROM inbox i
              WHERE i.consumer = (SELECT $1::text) AND i.message_id = h.message_id
-               AND i.event_date = h.event_date AND {due_opaque} AND i.seq > $3 AND {IN_SLICE}
+               AND i.event_date = h.event_date AND {due_opaque} AND i.seq > ($3::int8[])[2] AND {IN_SLICE}
              FOR UPDATE OF i SKIP LOCKED) x
          LIMIT $2"
     )
 }
+
+/// Where the window of each consumer's slice ended when a claim last measured it (see
+/// [`claim_planned`]).
+static WINDOW_ENDS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<(String, Slice), i64>>,
+> = std::sync::LazyLock::new(Default::default);
 
 /// Where the last key walk of each consumer stopped (see [`pick_sql`]): the next one starts
 /// after it, and after the last key it starts from the first again.
@@ -178,13 +189,27 @@ where
     C: deadpool_postgres::GenericClient + Sync,
     F: Fn(bool) -> &'static str,
 {
-    // A slice holds about `1 / of` of the window's rows: the window grows to match.
-    let window = (limit * WINDOW_PER_ROW * slice.of as i64).max(WINDOW_MIN);
-    let end: Option<i64> = client
-        .query_opt(WINDOW_END, &[&consumer, &window])
-        .await?
-        .map(|r| r.get(0));
-    let bound = end.unwrap_or(i64::MAX);
+    planned(
+        client,
+        in_transaction,
+        claim_planned(client, consumer, limit, slice, sql, params_after),
+    )
+    .await
+}
+
+/// [`claim_rows`], with the plan settings it runs under already set.
+async fn claim_planned<C, F>(
+    client: &C,
+    consumer: &str,
+    limit: i64,
+    slice: Slice,
+    sql: F,
+    params_after: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<Claimed>, StoreError>
+where
+    C: deadpool_postgres::GenericClient + Sync,
+    F: Fn(bool) -> &'static str,
+{
     let cursor: String = WALK_CURSOR
         .lock()
         .expect("not poisoned")
@@ -193,9 +218,10 @@ where
         .unwrap_or_default();
     let cursor = &cursor;
     let sql = &sql;
-    let run = |by_keys: bool, n: i64| async move {
+    let run = |by_keys: bool, n: i64, part: [i64; 2]| async move {
+        let part = part.to_vec();
         let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-            vec![&consumer, &n, &bound, &slice.of, &slice.index];
+            vec![&consumer, &n, &part, &slice.of, &slice.index];
         params.extend_from_slice(params_after);
         if by_keys {
             params.push(cursor);
@@ -210,14 +236,49 @@ where
         };
         Ok::<_, StoreError>(rows.iter().map(claimed).collect::<Vec<_>>())
     };
-    let mut out = run(false, limit).await?;
+    // First within the window this slice last measured, if any: the window's end is found by
+    // reading `window` open rows, which cost more than the claim itself with many slices (the
+    // window grows with them), so it is measured again only when the old one runs dry.
+    let remembered = (WINDOW_ENDS.lock().expect("not poisoned"))
+        .get(&(consumer.to_string(), slice))
+        .copied();
+    let mut out = Vec::new();
+    let mut after = i64::MIN;
+    if let Some(end) = remembered {
+        out = run(false, limit, [after, end]).await?;
+        if out.len() as i64 == limit {
+            out.sort_by_key(|c| c.seq);
+            return Ok(out);
+        }
+        after = end;
+    }
+    // A slice holds about `1 / of` of the window's rows: the window grows to match.
+    let window = (limit * WINDOW_PER_ROW * slice.of as i64).max(WINDOW_MIN);
+    let end: Option<i64> = client
+        .query_opt(WINDOW_END, &[&consumer, &window])
+        .await?
+        .map(|r| r.get(0));
+    {
+        let mut ends = WINDOW_ENDS.lock().expect("not poisoned");
+        // A window that held every open row is not remembered: a burst after it would be
+        // read by arrival order to its end.
+        match end {
+            Some(end) => ends.insert((consumer.to_string(), slice), end),
+            None => ends.remove(&(consumer.to_string(), slice)),
+        };
+    }
+    let bound = end.unwrap_or(i64::MAX);
+    if bound > after {
+        let more = run(false, limit - out.len() as i64, [after, bound]).await?;
+        out.extend(more);
+    }
     if (out.len() as i64) < limit
         && end.is_some()
         && few_keys(client, consumer, bound, limit * slice.of as i64).await?
     {
         let t = std::time::Instant::now();
         let wanted = limit - out.len() as i64;
-        let more = planned_for_the_walk(client, in_transaction, run(true, wanted)).await?;
+        let more = run(true, wanted, [i64::MIN, bound]).await?;
         // A full walk resumes after its last key; a short one reached the last key: start over.
         let next = match more.iter().map(|c| &c.ordering_key).max() {
             Some(last) if more.len() as i64 == wanted => last.clone(),
@@ -266,22 +327,29 @@ where
     Ok(keys < 2 * limit)
 }
 
-/// The planner settings the key walk runs with: no sort, no hash or merge join.
-const WALK_SETTINGS: [&str; 3] = ["enable_sort", "enable_hashjoin", "enable_mergejoin"];
+/// The planner settings a claim runs with: no sort, no bitmap scan, no hash or merge join.
+const PLAN_SETTINGS: [&str; 4] = [
+    "enable_sort",
+    "enable_bitmapscan",
+    "enable_hashjoin",
+    "enable_mergejoin",
+];
 
-/// Runs `query` (a statement on `client`) with [`WALK_SETTINGS`] off, in the caller's
-/// transaction (`in_transaction`, restoring them after) or in one of its own.
+/// Runs `query` (statements on `client`) with [`PLAN_SETTINGS`] off, in the caller's
+/// transaction (`in_transaction`, restoring them after, so the handler's statements plan as
+/// usual) or in one of its own.
 ///
-/// For the key walk: each of its steps must be an index descent (a Merge Append of the
-/// partitions' `(consumer, ordering_key, seq)` indexes, stopping at the first key), and each
-/// head it finds must be looked up by primary key, so that the walk stops after the rows it
-/// wants. On estimates that put "1 row" where 100,000 open rows are (statistics from before a
-/// burst, or from when every row was DONE), PostgreSQL preferred to sort what it expected to
-/// be nothing (every step then read the rest of the backlog: minutes for 10,000 keys), or to
-/// hash every open row of the consumer before the first head (spilling to disk: a 100,000-row
-/// drain took 95 s). With those priced out, a walk costs tens of milliseconds whatever the
-/// statistics say.
-async fn planned_for_the_walk<C, T>(
+/// A claim's statements read the open rows in `seq` order (window end, arrival-order pick) or
+/// key by key (the key walk) and stop after the rows they want; each head check is an index
+/// descent per partition. On estimates that put "1 row" where 100,000 open rows are (statistics
+/// from before a burst, or from when every row was DONE, or a slice's filter the planner
+/// prices at 0.5%), PostgreSQL preferred to read and sort what it expected to be nothing: the
+/// window's end was found by a bitmap scan and a sort of every open row (1,500 buffers a claim
+/// instead of 50, `make bench`), the pick read the whole backlog (140 ms instead of 5), each
+/// step of the key walk sorted the rest of the backlog (minutes for 10,000 keys), or it hashed
+/// every open row of the consumer before the first head (spilling to disk: a 100,000-row drain
+/// took 95 s). With those priced out, a claim costs what it takes, whatever the statistics say.
+async fn planned<C, T>(
     client: &C,
     in_transaction: bool,
     query: impl std::future::Future<Output = Result<T, StoreError>>,
@@ -289,28 +357,34 @@ async fn planned_for_the_walk<C, T>(
 where
     C: deadpool_postgres::GenericClient + Sync,
 {
-    let off: String = WALK_SETTINGS
+    if in_transaction {
+        // One round trip to keep the values and set them, one to restore them.
+        let set: Vec<String> = PLAN_SETTINGS
+            .iter()
+            .map(|s| format!("current_setting('{s}'), set_config('{s}', 'off', true)"))
+            .collect();
+        let was = client
+            .query_one(&format!("SELECT {}", set.join(", ")), &[])
+            .await?;
+        let out = query.await?;
+        let restore: Vec<String> = (0..PLAN_SETTINGS.len())
+            .map(|i| format!("set_config(${}, ${}, true)", 2 * i + 1, 2 * i + 2))
+            .collect();
+        let values: Vec<String> = (0..PLAN_SETTINGS.len()).map(|i| was.get(2 * i)).collect();
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+        for (name, value) in PLAN_SETTINGS.iter().zip(&values) {
+            params.push(name);
+            params.push(value);
+        }
+        client
+            .query_one(&format!("SELECT {}", restore.join(", ")), &params)
+            .await?;
+        return Ok(out);
+    }
+    let off: String = PLAN_SETTINGS
         .iter()
         .map(|s| format!("SET LOCAL {s} = off;"))
         .collect();
-    if in_transaction {
-        let was = client
-            .query_one(
-                "SELECT current_setting('enable_sort'), current_setting('enable_hashjoin'),
-                        current_setting('enable_mergejoin')",
-                &[],
-            )
-            .await?;
-        client.batch_execute(&off).await?;
-        let out = query.await?;
-        for (i, name) in WALK_SETTINGS.iter().enumerate() {
-            let value: String = was.get(i);
-            client
-                .execute("SELECT set_config($1, $2, true)", &[name, &value])
-                .await?;
-        }
-        return Ok(out);
-    }
     client.batch_execute(&format!("BEGIN; {off}")).await?;
     match query.await {
         Ok(out) => {

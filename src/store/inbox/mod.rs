@@ -12,6 +12,7 @@
 //! fail), the operator's replay and the status.
 
 mod claim;
+pub mod members;
 mod receive;
 
 pub use claim::{claim_leased, claim_locked, hold_leased, release_leased, Claimed, Slice};
