@@ -135,6 +135,13 @@ impl Source {
             // heartbeat is a few dozen bytes: four a second per member cost the coordinator
             // nothing noticeable.
             ("heartbeat.interval.ms", "250".into()),
+            // How long the broker holds a fetch that finds nothing new (librdkafka's default
+            // is 500 ms). A partition that changes owner is stopped only once its fetcher's
+            // request in flight returns, and the cooperative protocol's second round waits for
+            // that: with 500 ms a join stalled the moving partitions for about a second
+            // (`make bench`, joins phase). An idle fetch every 100 ms per broker is a few
+            // hundred bytes.
+            ("fetch.wait.max.ms", "100".into()),
             (
                 "max.poll.interval.ms",
                 self.kafka.max_poll_interval.as_millis().to_string(),

@@ -32,6 +32,7 @@ mod db;
 mod drain;
 mod formats;
 mod inbox;
+mod joins;
 mod latency;
 mod partitions;
 mod procfs;
@@ -103,6 +104,8 @@ pub enum Phase {
     Codecs,
     /// The batch drain in JSON, Avro, Protobuf and JSON Schema (the decode's cost).
     Formats,
+    /// A second and a third worker joining and leaving under load: the partitions' stalls.
+    Joins,
 }
 
 struct Sizes {
@@ -120,6 +123,8 @@ struct Sizes {
     river: u64,
     /// Each run of the many-partitions phase.
     partitions: Duration,
+    /// The joins phase's run: long enough that each join or leave has 5 s to itself and more.
+    joins: Duration,
     /// Payments of each codec's drain: a quarter of the batch drain's, at least 50,000 (a
     /// drain of a few seconds: shorter ones measure the start more than the codec).
     codecs: u64,
@@ -158,6 +163,7 @@ impl Sizes {
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
             river: ((200_000.0 * f) as u64).max(2_000),
             partitions: Duration::from_secs_f64((60.0 * f).max(20.0)),
+            joins: Duration::from_secs_f64((100.0 * f).max(40.0)),
             codecs: (batch / 4).max(50_000),
             formats: (batch / 10).clamp(50_000, 100_000),
         })
@@ -250,6 +256,9 @@ struct BenchReport {
     /// Why the many-partitions phase could not measure, if it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     partitions_error: Option<String>,
+    joins: joins::Joins,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    joins_error: Option<String>,
     /// The batch drain per compression codec, and zstd against none.
     codecs: codecs::Codecs,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -479,6 +488,50 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             Err(e) => {
                 eprintln!("   the many-partitions phase failed: {e:#}");
                 report.partitions_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
+    }
+
+    if wants(Phase::Joins) {
+        eprintln!(
+            "== joins: 2,000 msg/s over 24 partitions for {:?}, a second and a third worker \
+             joining and leaving",
+            sizes.joins
+        );
+        match joins::joins(&bin, &args, sizes.joins).await {
+            Ok(j) => {
+                for e in &j.events {
+                    eprintln!(
+                        "   {} at {:.1} s: p99 {:.0} ms, p50 {:.0} ms in the {:.0} s after; \
+                         {} partition(s) had their longest stall then, the longest {:.0} ms",
+                        e.what,
+                        e.at_s,
+                        e.p99_ms,
+                        e.p50_ms,
+                        5.0,
+                        e.partitions_stalled,
+                        e.longest_stall_ms
+                    );
+                }
+                eprintln!(
+                    "   longest stall {:.0} ms (partition {}); p99 during joins {:.0} ms (target \
+                     <= {:.0}: {}), steady {:.0} ms; {} partitions moved; verified: {}",
+                    j.longest_stall_ms,
+                    j.longest_stall_partition,
+                    j.p99_during_joins_ms,
+                    joins::P99_TARGET_MS,
+                    if j.p99_target_met { "met" } else { "NOT met" },
+                    j.p99_steady_ms,
+                    j.partitions_moved,
+                    j.verified
+                );
+                report.verified &= j.verified;
+                report.joins = j;
+            }
+            Err(e) => {
+                eprintln!("   the joins phase failed: {e:#}");
+                report.joins_error = Some(format!("{e:#}"));
                 report.verified = false;
             }
         }

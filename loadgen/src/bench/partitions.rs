@@ -327,7 +327,11 @@ async fn one(
 /// Waits until every worker holds some of the topic's partitions and together all of them,
 /// then a little more: the run measures the steady state, not the group's joins and claims.
 /// Returns the workers' CPU seconds a second over that little more, with no record arriving.
-async fn settle(procs: &mut [(Worker, u16)], partitions: i32, name: &str) -> anyhow::Result<f64> {
+pub(super) async fn settle(
+    procs: &mut [(Worker, u16)],
+    partitions: i32,
+    name: &str,
+) -> anyhow::Result<f64> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         for (i, (w, _)) in procs.iter_mut().enumerate() {
@@ -473,7 +477,7 @@ fn metric_where(text: &str, name: &str, label: &str) -> f64 {
         .sum()
 }
 
-async fn delete_topic(brokers: &str, topic: &str) -> anyhow::Result<()> {
+pub(super) async fn delete_topic(brokers: &str, topic: &str) -> anyhow::Result<()> {
     use rdkafka::admin::{AdminClient, AdminOptions};
     let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -484,7 +488,7 @@ async fn delete_topic(brokers: &str, topic: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(super) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
