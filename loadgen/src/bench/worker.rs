@@ -206,7 +206,7 @@ pub(super) async fn until_applied(
     poll: Duration,
 ) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    while crate::verify::inbox_open(db, consumer).await? > 0 {
+    while crate::verify::inbox_any_open(db, consumer).await? {
         for (worker, file) in workers.iter_mut() {
             if let Some(why) = worker.exited(&format!("{file}.log")) {
                 anyhow::bail!("the inbox processors did not empty the inbox: {why}");
