@@ -166,14 +166,6 @@ static WINDOW_ENDS: std::sync::LazyLock<
     std::sync::Mutex<std::collections::HashMap<(String, Slice), i64>>,
 > = std::sync::LazyLock::new(Default::default);
 
-/// After a key walk found nothing, how long claims of that slice do not walk again.
-const WALK_REST: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Per consumer's slice: until when it does not walk (see [`WALK_REST`]).
-static WALK_RESTS: std::sync::LazyLock<
-    std::sync::Mutex<std::collections::HashMap<(String, Slice), std::time::Instant>>,
-> = std::sync::LazyLock::new(Default::default);
-
 /// Where the last key walk of each consumer stopped (see [`pick_sql`]): the next one starts
 /// after it, and after the last key it starts from the first again.
 static WALK_CURSOR: std::sync::LazyLock<
@@ -280,27 +272,13 @@ where
         let more = run(false, limit - out.len() as i64, [after, bound]).await?;
         out.extend(more);
     }
-    let walk_key = (consumer.to_string(), slice);
-    let walk_rests = (WALK_RESTS.lock().expect("not poisoned"))
-        .get(&walk_key)
-        .is_some_and(|until| std::time::Instant::now() < *until);
     if (out.len() as i64) < limit
         && end.is_some()
-        && !walk_rests
         && few_keys(client, consumer, bound, limit * slice.of as i64).await?
     {
         let t = std::time::Instant::now();
         let wanted = limit - out.len() as i64;
         let more = run(true, wanted, [i64::MIN, bound]).await?;
-        if more.is_empty() {
-            // Every open key of the slice has rows inside the window (few keys in all, each
-            // with many rows): walking them finds nothing the window did not, and at full
-            // scale (1,000 keys, 100 rows each, 8 slices) such walks were a third of
-            // PostgreSQL's time. Rest a while; keys that arrive past the window meanwhile are
-            // found when it moves on, or by the next walk.
-            (WALK_RESTS.lock().expect("not poisoned"))
-                .insert(walk_key, std::time::Instant::now() + WALK_REST);
-        }
         // A full walk resumes after its last key; a short one reached the last key: start over.
         let next = match more.iter().map(|c| &c.ordering_key).max() {
             Some(last) if more.len() as i64 == wanted => last.clone(),
