@@ -43,9 +43,11 @@ const HEAD_OF_KEY: &str = "(SELECT NOT EXISTS (
           AND h.status IN ('PENDING', 'IN_PROGRESS') AND h.seq < i.seq))";
 
 /// The share of the ordering keys one processor claims from: keys whose hash falls in slice
-/// `index` of `of`. A worker's `n` processors take slices `0..n` of `n`, so they stop walking
-/// over each other's locked heads: with every processor claiming from the same oldest rows,
-/// each claim probed the heads the others held, and the work per row grew with the processors
+/// `index` of `of`. The slices are numbered across every process that processes the consumer
+/// ([`crate::inbox::members`]; one worker's `n` processors alone take `0..n` of `n`), so they
+/// stop walking over each other's locked heads: with every processor claiming from the same
+/// oldest rows, each claim probed the heads the others held, and the work per row grew with
+/// the processors
 /// (`make bench`, 10,000 rows of 1,000 keys: index scans on `inbox` per row 10 with one
 /// processor, 41 with four, 68 with eight). Slices narrow where a claim looks, never what it
 /// may take: order and exclusion still come from the head-of-key check and the row locks, so
@@ -98,11 +100,11 @@ impl Mode {
 
 /// The claimable rows, locked with SKIP LOCKED, as a query selecting `select` (columns of
 /// `i`). `$1` consumer, `$2` limit, `$3` the part of the window to read, `[after, end]` (see
-/// [`claim_rows`]), `$4` and `$5`
-/// the slice ([`Slice`]), `${cursor}` (by keys only) the key the walk starts after.
+/// [`claim_rows`]), `$4` and `$5` the slice ([`Slice`]), `${cursor}` (by keys only) the key the
+/// walk starts after.
 ///
-/// `by_keys = false`: rows after `after` and at or before the window's end, oldest first, each checked to be the
-/// head of its key. Cheap when heads are near the front, which they are unless a few keys hold
+/// `by_keys = false`: rows after `after` and at or before the window's end, oldest first, each
+/// checked to be the head of its key. Cheap when heads are near the front, which they are unless a few keys hold
 /// most of the backlog: then nearly every row it looks at is blocked behind its key's head, and
 /// a scan by arrival would read the whole backlog (5 s for 100,000 rows of 10 keys). The end
 /// is hidden from the planner too (`(SELECT $3::bigint)`): seen, it made PostgreSQL read and
