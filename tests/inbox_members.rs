@@ -20,6 +20,17 @@ fn slices(m: &Members, n: usize) -> Vec<Slice> {
     (0..n).map(|k| m.slice(k)).collect()
 }
 
+/// The consumer's rows in `inbox_members`.
+async fn rows(db: &tokio_postgres::Client, consumer: &str) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM inbox_members WHERE consumer = $1",
+        &[&consumer],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 fn of(index: std::ops::Range<i32>, of: i32) -> Vec<Slice> {
     index.map(|index| Slice { index, of }).collect()
 }
@@ -46,15 +57,7 @@ async fn two_processes_take_disjoint_slices_and_give_them_back() {
     })
     .await;
     let db = common::pg().await;
-    let rows: i64 = db
-        .query_one(
-            "SELECT count(*) FROM inbox_members WHERE consumer = $1",
-            &[&&*consumer],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(rows, 2);
+    assert_eq!(rows(&db, &consumer).await, 2);
 
     // The older one leaves: the other takes every slice at its next beat.
     stop_first.cancel();
@@ -93,13 +96,9 @@ async fn two_processes_take_disjoint_slices_and_give_them_back() {
 
     stop_second.cancel();
     b.await.unwrap();
-    let rows: i64 = db
-        .query_one(
-            "SELECT count(*) FROM inbox_members WHERE consumer = $1",
-            &[&&*consumer],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(rows, 0, "members that stop delete their rows");
+    assert_eq!(
+        rows(&db, &consumer).await,
+        0,
+        "members that stop delete their rows"
+    );
 }

@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::db::Db;
-use super::partitions::{delete_topic, free_port, settle};
-use super::worker::{resends_only, spec, Launch, Worker};
+use super::partitions::{delete_topic, free_port, settle, steady_spec};
+use super::worker::{Launch, Worker};
 use super::BenchArgs;
-use crate::produce::{Mix, Step};
 use crate::{finish_stage, produce_stage, Session};
 
 /// Payments a second, as the many-partitions phase offers.
@@ -78,17 +77,7 @@ pub(super) struct JoinEvent {
 /// The phase: `each` of producing, workers joining and leaving as the module docs say.
 pub(super) async fn joins(bin: &Path, args: &BenchArgs, each: Duration) -> anyhow::Result<Joins> {
     let name = format!("bench-joins-{:06x}", fastrand::u32(..0xffffff));
-    let mix = Mix {
-        resend: 0.10,
-        ..resends_only()
-    };
-    let plan = vec![Step {
-        rate: Some(RATE),
-        duration: each,
-    }];
-    let mut s = spec(args, &name, PARTITIONS, plan, None, mix);
-    s.report_dir = args.out.join(&name);
-
+    let s = steady_spec(args, &name, PARTITIONS, RATE, each);
     let session = Session::open(&s).await?;
     let _db = Db::connect(args).await?;
     let name = name.as_str();

@@ -221,16 +221,7 @@ async fn one(
         if grouped { "g" } else { "" },
         fastrand::u32(..0xffffff)
     );
-    let mix = Mix {
-        resend: 0.10,
-        ..resends_only()
-    };
-    let plan = vec![Step {
-        rate: Some(RATE),
-        duration: each,
-    }];
-    let mut s = spec(args, &name, partitions, plan, None, mix);
-    s.report_dir = args.out.join(&name);
+    let s = steady_spec(args, &name, partitions, RATE, each);
     let session = Session::open(&s).await?;
     let db = Db::connect(args).await?;
     let mut procs = Vec::new();
@@ -322,6 +313,28 @@ async fn one(
         ),
         verified: r.verified && drain.problem().is_none(),
     })
+}
+
+/// The run of topic and consumer `name`: `rate` payments a second for `each`, 10% resent,
+/// its report in `name`'s folder of the bench's output.
+pub(super) fn steady_spec(
+    args: &BenchArgs,
+    name: &str,
+    partitions: i32,
+    rate: f64,
+    each: Duration,
+) -> crate::Spec {
+    let mix = Mix {
+        resend: 0.10,
+        ..resends_only()
+    };
+    let plan = vec![Step {
+        rate: Some(rate),
+        duration: each,
+    }];
+    let mut s = spec(args, name, partitions, plan, None, mix);
+    s.report_dir = args.out.join(name);
+    s
 }
 
 /// Waits until every worker holds some of the topic's partitions and together all of them,
