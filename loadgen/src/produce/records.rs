@@ -113,7 +113,7 @@ fn poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Record {
     let (payload, event_id, kind) = if undecodable {
         (
             format!("\u{1}not json: loadgen run {} poison {n}", run.id).into_bytes(),
-            Some(uuid::Uuid::now_v7().to_string()),
+            Some(Uuid::now_v7()),
             Kind::PoisonUndecodable,
         )
     } else if n % 2 == 1 {
@@ -134,10 +134,15 @@ fn poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Record {
                 "amount_paise": "not a number",
             }))
             .expect("json"),
-            Some(uuid::Uuid::now_v7().to_string()),
+            Some(Uuid::now_v7()),
             Kind::PoisonBadField,
         )
     };
+    poison_record(user_id, kind, payload, event_id)
+}
+
+/// A poison record of `kind` to `user_id`'s key: no payment, `event_id` its header if any.
+fn poison_record(user_id: &str, kind: Kind, payload: Vec<u8>, event_id: Option<Uuid>) -> Record {
     Record {
         key: user_id.to_string(),
         sent: Sent {
@@ -145,14 +150,14 @@ fn poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Record {
             payment_id: None,
             user_id: user_id.to_string(),
             amount_paise: 0,
-            event_id: event_id.as_deref().and_then(|id| Uuid::parse_str(id).ok()),
+            event_id,
             outbox: false,
             acked: false,
             acked_at_s: 0.0,
             partition: None,
         },
         payload,
-        event_id,
+        event_id: event_id.map(|id| id.to_string()),
         event_type: None,
     }
 }
@@ -187,21 +192,5 @@ fn registry_poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Recor
             }
         }
     };
-    Record {
-        key: user_id.to_string(),
-        sent: Sent {
-            kind,
-            payment_id: None,
-            user_id: user_id.to_string(),
-            amount_paise: 0,
-            event_id,
-            outbox: false,
-            acked: false,
-            acked_at_s: 0.0,
-            partition: None,
-        },
-        payload,
-        event_id: event_id.map(|id| id.to_string()),
-        event_type: None,
-    }
+    poison_record(user_id, kind, payload, event_id)
 }

@@ -337,6 +337,31 @@ const PLAN_SETTINGS: [&str; 4] = [
     "enable_mergejoin",
 ];
 
+/// For [`planned`], built once: in a transaction, the statement that returns the settings'
+/// values and turns them off, and the one that sets them back (`$1`.. the values, in
+/// [`PLAN_SETTINGS`] order); outside one, the `BEGIN` that turns them off.
+static PLAN_STATEMENTS: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| {
+    let keep_and_set: Vec<String> = (PLAN_SETTINGS.iter())
+        .map(|s| format!("current_setting('{s}')"))
+        .chain(
+            PLAN_SETTINGS
+                .iter()
+                .map(|s| format!("set_config('{s}', 'off', true)")),
+        )
+        .collect();
+    let restore: Vec<String> = (PLAN_SETTINGS.iter().enumerate())
+        .map(|(i, s)| format!("set_config('{s}', ${}, true)", i + 1))
+        .collect();
+    let off: String = (PLAN_SETTINGS.iter())
+        .map(|s| format!(" SET LOCAL {s} = off;"))
+        .collect();
+    [
+        format!("SELECT {}", keep_and_set.join(", ")),
+        format!("SELECT {}", restore.join(", ")),
+        format!("BEGIN;{off}"),
+    ]
+});
+
 /// Runs `query` (statements on `client`) with [`PLAN_SETTINGS`] off, in the caller's
 /// transaction (`in_transaction`, restoring them after, so the handler's statements plan as
 /// usual) or in one of its own.
@@ -359,35 +384,20 @@ async fn planned<C, T>(
 where
     C: deadpool_postgres::GenericClient + Sync,
 {
+    let [keep_and_set, restore, begin] = &*PLAN_STATEMENTS;
     if in_transaction {
         // One round trip to keep the values and set them, one to restore them.
-        let set: Vec<String> = PLAN_SETTINGS
-            .iter()
-            .map(|s| format!("current_setting('{s}'), set_config('{s}', 'off', true)"))
-            .collect();
-        let was = client
-            .query_one(&format!("SELECT {}", set.join(", ")), &[])
-            .await?;
+        let stmt = client.prepare_cached(keep_and_set).await?;
+        let was = client.query_one(&stmt, &[]).await?;
         let out = query.await?;
-        let restore: Vec<String> = (0..PLAN_SETTINGS.len())
-            .map(|i| format!("set_config(${}, ${}, true)", 2 * i + 1, 2 * i + 2))
-            .collect();
-        let values: Vec<String> = (0..PLAN_SETTINGS.len()).map(|i| was.get(2 * i)).collect();
-        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
-        for (name, value) in PLAN_SETTINGS.iter().zip(&values) {
-            params.push(name);
-            params.push(value);
-        }
-        client
-            .query_one(&format!("SELECT {}", restore.join(", ")), &params)
-            .await?;
+        let values: Vec<String> = (0..PLAN_SETTINGS.len()).map(|i| was.get(i)).collect();
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            values.iter().map(|v| v as _).collect();
+        let stmt = client.prepare_cached(restore).await?;
+        client.query_one(&stmt, &params).await?;
         return Ok(out);
     }
-    let off: String = PLAN_SETTINGS
-        .iter()
-        .map(|s| format!("SET LOCAL {s} = off;"))
-        .collect();
-    client.batch_execute(&format!("BEGIN; {off}")).await?;
+    client.batch_execute(begin).await?;
     match query.await {
         Ok(out) => {
             client.batch_execute("COMMIT").await?;
