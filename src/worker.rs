@@ -160,7 +160,7 @@ impl Worker {
             let strategy: Arc<dyn Strategy> = match c.strategy {
                 StrategyKind::Batch => Arc::new(Batched {
                     prefilter,
-                    groups: (c.batch.group_partitions).then(|| {
+                    groups: c.commit_groups().then(|| {
                         Arc::new(crate::strategy::group::Groups::start(&c.batch, &c.topics))
                     }),
                 }),

@@ -196,9 +196,11 @@ async fn not_ready_while_a_revocation_drains() {
         entered: AtomicU64::new(0),
     });
     let handler = r#"{ kind = "custom", name = "gated" }"#;
-    // A drain longer than the test's polling needs to see it, still below the session timeout.
-    let extra = "";
+    // One transaction per batch (commit groups would put both partitions' batches in one
+    // handler call): the revocation waits for the batch of the partition it takes.
+    let extra = "batch = { group_partitions = false }";
     let mut cfg = config(&consumer, &topic, handler, extra);
+    // A drain longer than the test's polling needs to see it, still below the session timeout.
     cfg.worker.revoke_deadline = Duration::from_secs(8);
     let a = common::start_with(
         cfg.clone(),

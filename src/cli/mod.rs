@@ -294,6 +294,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     c.auto_offset_reset.as_librdkafka(),
                     c.on_offset_out_of_range.as_str()
                 );
+                if c.strategy == Strategy::Batch {
+                    println!(
+                        "    commit groups: {}",
+                        match (c.commit_groups(), c.batch.group_partitions) {
+                            (true, None) => "on (the default for this consumer)",
+                            (true, Some(_)) => "on",
+                            (false, None) =>
+                                "off (they do not combine with versions or the prefilter)",
+                            (false, Some(_)) => "off",
+                        }
+                    );
+                }
                 if let Some(v) = &c.version {
                     println!(
                         "    versions: aggregate {}, version {}, mode {:?}",

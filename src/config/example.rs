@@ -91,6 +91,10 @@ max_messages = 1000
 max_bytes = 4194304
 linger = "5ms"              # only while more records are arriving
 backlog_max_messages = 1000 # raise to let batches grow while catching up
+# Commit groups: the small batches of several partitions share one transaction (fewer COMMITs
+# on a topic of many quiet partitions). Unset: on for the batch strategy, except with
+# [consumer.version] or [consumer.prefilter]; false gives each batch its own transaction.
+# group_partitions = false
 
 [consumer.retry]
 max_attempts = 5            # then the batch is split and failing messages are parked

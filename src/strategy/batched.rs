@@ -43,7 +43,7 @@ impl Strategy for Batched {
         batch: Batch,
         committed: Committed<'_>,
     ) -> Result<Outcome, BatchError> {
-        let batch = match &self.groups {
+        let (batch, rolled_back) = match &self.groups {
             Some(groups) if groups.takes(&batch) => {
                 let next = batch.next_offset();
                 match groups.submit(ctx, batch).await? {
@@ -51,16 +51,16 @@ impl Strategy for Batched {
                         next.into_iter().for_each(committed);
                         return Ok(outcome);
                     }
-                    Reply::Alone(batch) => batch,
+                    Reply::Alone { batch, rolled_back } => (batch, rolled_back),
                 }
             }
-            _ => batch,
+            _ => (batch, false),
         };
         let shape = Shape {
             segment_len: usize::MAX,
             fence_first: true,
         };
-        drive(
+        let mut outcome = drive(
             ctx,
             &batch,
             &shape,
@@ -68,7 +68,9 @@ impl Strategy for Batched {
             self.prefilter.as_deref(),
             committed,
         )
-        .await
+        .await?;
+        outcome.retries += u64::from(rolled_back);
+        Ok(outcome)
     }
 }
 

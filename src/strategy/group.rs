@@ -48,8 +48,10 @@ pub struct Groups {
 pub enum Reply {
     /// Committed with the group.
     Committed(Outcome),
-    /// Not committed: the task commits the batch on its own.
-    Alone(Batch),
+    /// Not committed: the task commits the batch on its own. `rolled_back`: the group's
+    /// transaction failed with this batch in it (the handler or the database), an attempt that
+    /// counts as a retry of the batch; otherwise the group never tried it, or refused its fence.
+    Alone { batch: Batch, rolled_back: bool },
 }
 
 struct Member {
@@ -84,7 +86,10 @@ impl Groups {
     /// Hands `batch` to its topic's committer and waits for the answer.
     pub async fn submit(&self, ctx: &PartitionCtx, batch: Batch) -> Result<Reply, BatchError> {
         let Some(sender) = self.by_topic.get(&*ctx.topic) else {
-            return Ok(Reply::Alone(batch));
+            return Ok(Reply::Alone {
+                batch,
+                rolled_back: false,
+            });
         };
         let (reply, answer) = oneshot::channel();
         let member = Member {
@@ -93,7 +98,10 @@ impl Groups {
             reply,
         };
         if let Err(mpsc::error::SendError(m)) = sender.send(member).await {
-            return Ok(Reply::Alone(m.batch));
+            return Ok(Reply::Alone {
+                batch: m.batch,
+                rolled_back: false,
+            });
         }
         // The committer always answers, unless its task died (a handler that panicked). Whether
         // that group committed is unknown here: the worker stops, and the partition's next owner
@@ -148,7 +156,10 @@ async fn commit(mut members: Vec<Member>) {
                     .into_iter()
                     .partition(|m| partitions.contains(&m.ctx.partition));
                 for m in refused {
-                    let _ = m.reply.send(Reply::Alone(m.batch));
+                    let _ = m.reply.send(Reply::Alone {
+                        batch: m.batch,
+                        rolled_back: false,
+                    });
                 }
                 if rest.is_empty() {
                     return;
@@ -159,7 +170,10 @@ async fn commit(mut members: Vec<Member>) {
                 tracing::debug!(topic = %members[0].ctx.topic, members = members.len(), error = ?e,
                     "commit group rolled back; each batch commits on its own");
                 for m in members {
-                    let _ = m.reply.send(Reply::Alone(m.batch));
+                    let _ = m.reply.send(Reply::Alone {
+                        batch: m.batch,
+                        rolled_back: true,
+                    });
                 }
                 return;
             }

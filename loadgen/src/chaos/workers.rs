@@ -178,10 +178,12 @@ pub(crate) fn consumer_config(
     grouped: bool,
 ) -> String {
     let mut text = worker_settings(pool_size);
-    let group = if grouped {
-        ", group_partitions = true"
-    } else {
-        ""
+    // Explicit both ways: groups are the engine's default for the batch strategy, and the
+    // plain batch scenarios keep the one-transaction-per-batch path under faults too.
+    let group = match (strategy, grouped) {
+        (StrategyArg::Batch, true) => ", group_partitions = true",
+        (StrategyArg::Batch, false) => ", group_partitions = false",
+        _ => "",
     };
     text.push_str(&format!(
         "[[consumer]]\nname = \"{topic}\"\ntopics = [\"{topic}\"]\nhandler = {{ kind = \"cashback\" }}\n\
