@@ -147,6 +147,19 @@ impl Source {
                 self.kafka.max_poll_interval.as_millis().to_string(),
             ),
         ];
+        // Kafka's consumer group protocol (KIP-848, `kafka.options."group.protocol" =
+        // "consumer"`): the coordinator assigns, and the session and heartbeat are the broker's
+        // (`group.consumer.*`); librdkafka refuses a client that sets the classic protocol's.
+        let classic_only = [
+            "partition.assignment.strategy",
+            "session.timeout.ms",
+            "heartbeat.interval.ms",
+        ];
+        let new_protocol =
+            self.kafka.options.get("group.protocol").map(String::as_str) == Some("consumer");
+        let properties: Vec<(&str, String)> = (properties.into_iter())
+            .filter(|(k, _)| !(new_protocol && classic_only.contains(k)))
+            .collect();
         self.kafka
             .client_config(&properties)
             .map_err(|reason| SourceError::Fatal {

@@ -39,6 +39,8 @@ pub(super) struct Joins {
     pub(super) partitions: i32,
     pub(super) offered_msg_s: f64,
     pub(super) seconds: f64,
+    /// What `--joins-worker` added to each worker's config ("" for the defaults).
+    pub(super) worker_extra: String,
     /// The joins and leaves, in order, with what they cost.
     pub(super) events: Vec<JoinEvent>,
     /// The longest commit gap of any partition over the run, which partition, when it ended
@@ -85,7 +87,7 @@ pub(super) async fn joins(bin: &Path, args: &BenchArgs, each: Duration) -> anyho
         let (id, file) = (format!("bench-{w}"), format!("{name}-w{w}"));
         let l = Launch {
             id: &id,
-            extra: "",
+            extra: &args.joins_worker,
             file: &file,
             pool_size: None,
             metrics_addr: Some(format!("127.0.0.1:{port}")),
@@ -165,6 +167,7 @@ pub(super) async fn joins(bin: &Path, args: &BenchArgs, each: Duration) -> anyho
     let p99_during_joins_ms = events.iter().map(|e| e.p99_ms).fold(0.0, f64::max);
     Ok(Joins {
         partitions: PARTITIONS,
+        worker_extra: args.joins_worker.clone(),
         offered_msg_s: super::round1(r.acked as f64 / r.duration_s.max(1e-9)),
         seconds: super::round1(seconds),
         longest_stall_ms: longest.longest_commit_gap_ms,

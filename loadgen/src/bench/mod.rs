@@ -83,6 +83,11 @@ pub struct BenchArgs {
     /// `batch = { linger = "20ms" }`), to measure a setting against the defaults.
     #[arg(long, env = "BENCH_PARTITIONS_CONSUMER", default_value = "")]
     partitions_consumer: String,
+    /// The joins phase: TOML appended to each worker's config (after its consumer section,
+    /// so it may open another table, e.g. `[kafka.options]` with `"group.protocol" =
+    /// "consumer"`), to measure a setting against the defaults.
+    #[arg(long, env = "BENCH_JOINS_WORKER", default_value = "")]
+    pub(super) joins_worker: String,
 }
 
 /// The phases of `loadgen bench`, in the order they run.
