@@ -189,9 +189,9 @@ pub struct BatchConfig {
     /// (each partition still fenced on its own row), so a topic of many quiet partitions does not
     /// pay one `COMMIT` per record; see `strategy::group`. Unset: on wherever they apply (the
     /// batch strategy without `[consumer.version]` or `[consumer.prefilter]`, see
-    /// [`ConsumerConfig::commit_groups`]): `make bench` measured them better in p50 and p99 at 6,
-    /// 60 and 300 partitions, with one worker and two (docs/PERFORMANCE.md). `false` turns them
-    /// off; `true` where they do not apply is refused.
+    /// [`ConsumerConfig::commit_groups`]): `make bench` measured them better in p50 and p99 at 60
+    /// and 300 partitions, with one worker and two, and no worse past noise at 6
+    /// (docs/PERFORMANCE.md). `false` turns them off; `true` where they do not apply is refused.
     pub group_partitions: Option<bool>,
     /// Group transactions in flight at once, per topic and worker. Default 1: the next group
     /// carries everything that arrived while one commits, the fewest transactions for the
