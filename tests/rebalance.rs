@@ -174,6 +174,54 @@ async fn workers_joining_and_leaving_keep_the_ledger_exact() {
     w3.stop().await.unwrap();
 }
 
+/// Kafka's consumer group protocol (KIP-848, `"group.protocol" = "consumer"`): the broker
+/// assigns, partitions move one step at a time, and the engine leaves out the classic
+/// protocol's assignor, session and heartbeat (librdkafka refuses a client that sets them).
+/// A member joining and one leaving mid-stream keep the ledger exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_consumer_group_protocol_members_come_and_go_and_the_ledger_stays_exact() {
+    let topic = common::unique("kip848");
+    let consumer = common::unique("rewards");
+    common::create_topic(&topic, 6).await;
+    let users: Vec<String> = (0..30)
+        .map(|i| format!("{}-{i}", common::unique("u")))
+        .collect();
+    let (unique, sent) = stream(&users, 3_000);
+    let producer = common::producer();
+    let db = common::pg().await;
+
+    let worker = |id: &str| {
+        let mut c = common::config(
+            &consumer,
+            &topic,
+            r#"{ kind = "cashback" }"#,
+            r#"batch = { max_messages = 100 }"#,
+        );
+        c.worker.id = Some(id.to_string());
+        // The test config's classic heartbeat would be refused under this protocol.
+        c.kafka.options.remove("heartbeat.interval.ms");
+        c.kafka
+            .options
+            .insert("group.protocol".into(), "consumer".into());
+        common::start(c)
+    };
+    let w1 = worker("w1").await;
+    let chunks: Vec<&[Payment]> = sent.chunks(sent.len() / 3 + 1).collect();
+    common::send_payments(&producer, &topic, None, chunks[0]).await;
+    wait_credits(&db, &consumer, 300, 60).await;
+    let w2 = worker("w2").await;
+    common::send_payments(&producer, &topic, None, chunks[1]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    w1.stop().await.unwrap();
+    common::send_payments(&producer, &topic, None, chunks[2]).await;
+    wait_credits(&db, &consumer, unique.len() as i64, 120).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_exact(&db, &consumer, &unique, &users).await;
+    let stats = w2.stats(&consumer).unwrap().snapshot();
+    assert!(stats.rebalances >= 2, "w2 got partitions twice: {stats:?}");
+    w2.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zombie_whose_partition_was_claimed_is_fenced_and_credits_nothing() {
     let topic = common::unique("zombie");
