@@ -46,6 +46,18 @@ async fn assert_exact(
     assert_eq!(l.parked, 0);
 }
 
+/// The config of group member `id`: the cashback handler on `topic`, batches of 100.
+fn member(consumer: &str, topic: &str, id: &str) -> effectively::config::Config {
+    let mut c = common::config(
+        consumer,
+        topic,
+        r#"{ kind = "cashback" }"#,
+        r#"batch = { max_messages = 100 }"#,
+    );
+    c.worker.id = Some(id.to_string());
+    c
+}
+
 /// Waits until the consumer's credits reach `n`.
 async fn wait_credits(db: &tokio_postgres::Client, consumer: &str, n: i64, secs: u64) {
     eventually(secs, &format!("{n} credits"), || async move {
@@ -142,16 +154,7 @@ async fn workers_joining_and_leaving_keep_the_ledger_exact() {
     let producer = common::producer();
     let db = common::pg().await;
 
-    let worker = |id: &str| {
-        let mut c = common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "cashback" }"#,
-            r#"batch = { max_messages = 100 }"#,
-        );
-        c.worker.id = Some(id.to_string());
-        common::start(c)
-    };
+    let worker = |id: &str| common::start(member(&consumer, &topic, id));
     let w1 = worker("w1").await;
     let w2 = worker("w2").await;
     // Traffic flows in chunks while members come and go.
@@ -191,13 +194,7 @@ async fn under_the_consumer_group_protocol_members_come_and_go_and_the_ledger_st
     let db = common::pg().await;
 
     let worker = |id: &str| {
-        let mut c = common::config(
-            &consumer,
-            &topic,
-            r#"{ kind = "cashback" }"#,
-            r#"batch = { max_messages = 100 }"#,
-        );
-        c.worker.id = Some(id.to_string());
+        let mut c = member(&consumer, &topic, id);
         // The test config's classic heartbeat would be refused under this protocol.
         c.kafka.options.remove("heartbeat.interval.ms");
         c.kafka
