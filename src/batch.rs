@@ -175,6 +175,11 @@ impl Batch {
         self.records.len()
     }
 
+    /// The oldest Kafka timestamp among the records (ms since the epoch), if any has one.
+    pub fn oldest_timestamp_ms(&self) -> Option<i64> {
+        self.records.iter().filter_map(|r| r.raw.timestamp_ms).min()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }

@@ -55,16 +55,18 @@ pub(crate) async fn create_topic(
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()?;
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(
-                topic,
-                partitions,
-                TopicReplication::Fixed(replication),
-            )],
-            &AdminOptions::new(),
-        )
-        .await?;
+    // Topic configs for every topic loadgen creates, `key=value,key=value`: e.g.
+    // `message.timestamp.type=LogAppendTime`, so that a run's latencies start when the broker
+    // appended a record rather than when loadgen's producer made it (docs/PERFORMANCE.md).
+    let configs = std::env::var("LOADGEN_TOPIC_CONFIG").unwrap_or_default();
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+    for kv in configs.split(',').filter(|kv| !kv.trim().is_empty()) {
+        let Some((k, v)) = kv.split_once('=') else {
+            anyhow::bail!("LOADGEN_TOPIC_CONFIG: {kv:?} is not key=value");
+        };
+        new = new.set(k.trim(), v.trim());
+    }
+    let results = admin.create_topics(&[new], &AdminOptions::new()).await?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}

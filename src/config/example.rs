@@ -145,6 +145,7 @@ SELECT message_id, payload->>'user_id' FROM fresh_messages ORDER BY message_id""
 
 [consumer.inbox]
 processors = 4              # processor tasks in this process (0: receive only)
+adaptive = true             # rounds at once adapt (1..processors) to PostgreSQL's CPU
 claim_batch = 100           # rows per processor transaction
 poll_interval = "100ms"     # an idle processor looks for due rows this often
 ordering_key = "kafka_key"  # or { json_pointer = "/user_id" }, or "none"

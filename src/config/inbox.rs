@@ -15,6 +15,10 @@ pub struct InboxConfig {
     /// Processor tasks in this worker process. 0 makes the process a receiver only (other
     /// processes process). Any number of processes may process the same consumer.
     pub processors: usize,
+    /// Whether the rounds this process runs at once adapt between 1 and `processors` to what
+    /// PostgreSQL's CPU runs without queueing (see [`crate::inbox::limit`]); `false` runs every
+    /// processor's round whenever it is ready.
+    pub adaptive: bool,
     /// Rows one processor claims per transaction.
     pub claim_batch: usize,
     /// How long an idle processor (its last round found no due row) waits before it looks
@@ -41,6 +45,7 @@ impl Default for InboxConfig {
     fn default() -> Self {
         InboxConfig {
             processors: 4,
+            adaptive: true,
             claim_batch: 100,
             poll_interval: Duration::from_millis(100),
             ordering_key: OrderingKey::KafkaKey,

@@ -4,6 +4,7 @@
 //! ([`admin`]). Used by the worker and the command line, never by the Kafka source.
 
 pub mod admin;
+pub mod limit;
 pub mod members;
 pub mod processor;
 mod versioned;

@@ -29,6 +29,7 @@ use uuid::Uuid;
 use crate::config::{ClaimMode, ConsumerConfig, DoneRows};
 use crate::envelope::Envelope;
 use crate::handler::{Applied, BatchContext, Handler, HandlerError};
+use crate::inbox::limit::Limit;
 use crate::inbox::members::Members;
 use crate::stats::Stats;
 use crate::store::inbox::{self as table, Claimed, Failure};
@@ -186,15 +187,16 @@ impl From<deadpool_postgres::PoolError> for RoundError {
 }
 
 impl Processors {
-    /// One processor task, this process's `k`th: rounds until `stop`. A round that claimed any
+    /// One processor task: rounds until `stop`, each under a permit of `limit` (how many of
+    /// this process's rounds run at once, [`crate::inbox::limit`]). A round that claimed any
     /// row is followed by another at once; one that found nothing due waits for the receiver's
     /// signal or `poll_interval`. Each round claims from the slice of the keys `members` gives
-    /// it (see [`table::Slice`]); a round that found no due row there looks at every key, for
-    /// the keys of a member that died and of slices nobody took yet.
+    /// its permit's slot (see [`table::Slice`]); a round that found no due row there looks at
+    /// every key, for the keys of a member that died and of slices nobody took yet.
     pub async fn run(
         self: Arc<Self>,
         members: Members,
-        k: usize,
+        limit: Arc<Limit>,
         stop: CancellationToken,
     ) -> Result<(), ProcessorError> {
         let inbox = &self.config.inbox;
@@ -207,7 +209,12 @@ impl Processors {
                 return Ok(());
             }
             let woken = self.stored.notified();
-            let slice = members.slice(k);
+            // Bounded: the rounds holding the permits are (by the transaction deadline).
+            let permit = tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                p = beat.during(limit.acquire()) => p,
+            };
+            let slice = members.slice(permit.slot());
             let round = async {
                 let round = self.round(slice, &stop).await?;
                 match round.claimed == 0 && slice.of > 1 && !stop.is_cancelled() {
@@ -215,8 +222,10 @@ impl Processors {
                     false => Ok(round),
                 }
             };
-            match stall.watch(round).await {
+            let out = stall.watch(round).await;
+            match out {
                 Ok(round) => {
+                    permit.done(round.claimed);
                     unavailable = 0;
                     // Rows were due: more may be (the next heads of the keys just applied).
                     // Waiting for a full claim instead left a slice of few keys, or a round
@@ -227,12 +236,14 @@ impl Processors {
                     }
                 }
                 Err(RoundError::Fatal(reason)) => {
+                    drop(permit);
                     return Err(ProcessorError::Fatal {
                         consumer: self.consumer.to_string(),
                         reason,
-                    })
+                    });
                 }
                 Err(RoundError::Unavailable(e)) => {
+                    drop(permit);
                     unavailable += 1;
                     tracing::warn!(consumer = %self.consumer, attempt = unavailable, error = %e,
                         "inbox processor: database unavailable; round rolled back");
@@ -668,9 +679,15 @@ pub fn spawn(
     tasks: &mut tokio::task::JoinSet<Result<(), ProcessorError>>,
 ) {
     crate::metrics::inbox_consumer(&processors.consumer);
-    let members = Members::new(Arc::clone(&processors.consumer), worker, n);
-    for k in 0..n {
-        tasks.spawn(Arc::clone(processors).run(members.clone(), k, stop.child_token()));
+    let limit = Limit::new(
+        Arc::clone(&processors.consumer),
+        n,
+        processors.config.inbox.adaptive,
+    );
+    let members = Members::following(Arc::clone(&processors.consumer), worker, Arc::clone(&limit));
+    for _ in 0..n {
+        let (members, limit) = (members.clone(), Arc::clone(&limit));
+        tasks.spawn(Arc::clone(processors).run(members, limit, stop.child_token()));
     }
     let (pool, stop) = (processors.pool.clone(), stop.child_token());
     tasks.spawn(async move {

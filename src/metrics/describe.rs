@@ -23,7 +23,7 @@ pub(super) fn describe() {
     describe_histogram!(
         BATCH_PHASE,
         Unit::Seconds,
-        "Time in each phase of a batch transaction: fence, stage (COPY), dedupe, effect, commit."
+        "Time in each phase of a batch transaction: fence, stage (COPY), dedupe, effect, commit; and arrive: from the batch's oldest Kafka record timestamp to the batch's cut (producer, broker, fetch, the partition's queue), before any transaction."
     );
     describe_histogram!(
         HANDLER_DURATION,
@@ -251,5 +251,10 @@ pub(super) fn describe() {
         INBOX_PROCESSOR_STALLED,
         Unit::Count,
         "Inbox processors of a consumer whose round has not succeeded for longer than the consumer's stall_after: a round waiting on a lock, or rounds failing again and again (the database unavailable)."
+    );
+    describe_gauge!(
+        INBOX_ROUND_LIMIT,
+        Unit::Count,
+        "How many of this process's inbox processors of a consumer may run a round at once: between 1 and inbox.processors, adapted to what PostgreSQL runs without queueing (inbox.adaptive), or inbox.processors."
     );
 }

@@ -96,6 +96,16 @@ pub fn batch_committed(consumer: &str, topic: &str, o: &Outcome, took: Duration)
     }
 }
 
+/// A partition's batch was cut: how long its oldest record took to get here from its Kafka
+/// timestamp (the producer, the broker, the fetch, the partition's queue and the linger), the
+/// `arrive` phase. With the transaction's phases and the batch's duration it says where an
+/// end-to-end latency was spent.
+pub fn batch_cut(consumer: &str, topic: &str, oldest_timestamp_ms: i64) {
+    let age_ms = (chrono::Utc::now().timestamp_millis() - oldest_timestamp_ms).max(0);
+    histogram!(BATCH_PHASE, "consumer" => consumer.to_string(), "topic" => topic.to_string(), "phase" => "arrive")
+        .record(age_ms as f64 / 1e3);
+}
+
 /// Fresh messages just committed: their end-to-end latency from the records' timestamps.
 pub fn effects_committed(consumer: &str, topic: &str, record_ts_ms: &[i64]) {
     if record_ts_ms.is_empty() {
@@ -426,4 +436,10 @@ pub fn inbox_processor_stall(consumer: &str, began: bool) {
         true => g.increment(1.0),
         false => g.decrement(1.0),
     }
+}
+
+/// The rounds this process's inbox processors of `consumer` may run at once changed (or
+/// started).
+pub fn inbox_round_limit(consumer: &str, limit: usize) {
+    gauge!(INBOX_ROUND_LIMIT, "consumer" => consumer.to_string()).set(limit as f64);
 }

@@ -74,6 +74,7 @@ pub const PARTITION_ERRORS: &str = "effectively_partition_errors_total";
 pub const PARTITION_STUCK: &str = "effectively_partition_stuck";
 pub const PARTITION_STALLED: &str = "effectively_partition_stalled";
 pub const INBOX_PROCESSOR_STALLED: &str = "effectively_inbox_processor_stalled";
+pub const INBOX_ROUND_LIMIT: &str = "effectively_inbox_round_limit";
 
 /// Every metric name, for tests that check dashboards and alert rules against them.
 pub const ALL: &[&str] = &[
@@ -129,6 +130,7 @@ pub const ALL: &[&str] = &[
     PARTITION_STUCK,
     PARTITION_STALLED,
     INBOX_PROCESSOR_STALLED,
+    INBOX_ROUND_LIMIT,
 ];
 
 /// Where `effectively run` serves `/metrics` unless told otherwise.

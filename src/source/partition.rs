@@ -85,6 +85,9 @@ impl PartitionTask {
             if batch.is_empty() {
                 continue;
             }
+            if let Some(oldest) = batch.oldest_timestamp_ms() {
+                metrics::batch_cut(&self.ctx.consumer, &self.ctx.topic, oldest);
+            }
             batch.stored = self.next_offset;
             let committed = |next: i64| {
                 self.stats

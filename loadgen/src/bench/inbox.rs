@@ -20,6 +20,8 @@ pub(super) struct InboxRuns {
     pub(super) sizes: String,
     /// Distinct ordering keys (Kafka keys: one per user) among the rows.
     pub(super) keys: u64,
+    /// TOML the processors' `[consumer.inbox]` had beside `processors` (`--inbox-processors`).
+    pub(super) processors_extra: String,
     /// In the order they ran: [`SHAPES`], [`RUNS_EACH`] times over.
     pub(super) curve: Vec<InboxRun>,
 }
@@ -37,6 +39,14 @@ impl InboxRuns {
             n if n % 2 == 1 => runs[n / 2],
             n => (runs[n / 2 - 1] + runs[n / 2]) / 2.0,
         }
+    }
+
+    /// (slowest, fastest) rows/s of the runs with `workers` x `processors`.
+    pub(super) fn range(&self, workers: usize, processors: usize) -> (f64, f64) {
+        (self.curve.iter())
+            .filter(|r| r.workers == workers && r.processors == processors)
+            .map(|r| r.process.msg_s)
+            .fold((f64::INFINITY, 0.0), |(lo, hi), x| (lo.min(x), hi.max(x)))
     }
 
     pub(super) fn verified(&self) -> bool {
@@ -125,6 +135,7 @@ pub(super) async fn curve(bin: &Path, args: &BenchArgs, events: u64) -> anyhow::
     eprintln!("   topic pre-filled: {records} records ({unique} unique payments, {keys} keys)");
     let mut runs = InboxRuns {
         keys,
+        processors_extra: args.inbox_processors.clone(),
         ..InboxRuns::default()
     };
     let db = Db::connect(args).await?;
@@ -227,7 +238,10 @@ async fn run(
     let mut pool = Vec::new();
     for w in 0..workers {
         let file = format!("{name}-processors-{w}");
-        let extra = format!("[consumer.inbox]\nprocessors = {processors}\n");
+        let extra = format!(
+            "[consumer.inbox]\nprocessors = {processors}\n{}\n",
+            args.inbox_processors
+        );
         let worker = Worker::start_on(bin, args, name, topic, "inbox", &extra, &file).await?;
         pool.push((worker, file));
     }

@@ -88,6 +88,10 @@ pub struct BenchArgs {
     /// "consumer"`), to measure a setting against the defaults.
     #[arg(long, env = "BENCH_JOINS_WORKER", default_value = "")]
     pub(super) joins_worker: String,
+    /// The inbox curve: TOML appended to the processors' `[consumer.inbox]` section (e.g.
+    /// `adaptive = false`), to measure a setting against the defaults.
+    #[arg(long, env = "BENCH_INBOX_PROCESSORS", default_value = "")]
+    pub(super) inbox_processors: String,
 }
 
 /// The phases of `loadgen bench`, in the order they run.
@@ -198,8 +202,15 @@ struct BenchReport {
     inbox_processors_rows_s: std::collections::BTreeMap<String, f64>,
     /// 4 processors over 1 (target: at least 1.5 with many keys).
     inbox_4_vs_1: f64,
-    /// Whether rows/s never fell as processors were added (1, 2, 4, 8; 5% allowed for noise).
+    /// Whether rows/s never fell as processors were added (1, 2, 4, 8, 2x4; the medians, 5%
+    /// allowed for noise).
     inbox_curve_never_falls: bool,
+    /// The same against the runs' own spread: no shape's best run is below the previous
+    /// shape's worst (their ranges overlap), so no step fell by more than the run-to-run noise
+    /// of this machine. The medians' ratios are in `inbox_curve_steps`.
+    inbox_curve_never_falls_past_noise: bool,
+    /// Each step's median over the one before (2/1, 4/2, 8/4, 2x4/8).
+    inbox_curve_steps: Vec<f64>,
     /// WAL bytes per record: the inbox's ingest and processing together (4-processor run),
     /// against the batch drain.
     inbox_wal_bytes_per_msg: f64,
@@ -605,6 +616,11 @@ fn report_inbox(report: &mut BenchReport, mut runs: InboxRuns) {
         .map(|&(w, p)| runs.rows_s(w, p))
         .collect();
     report.inbox_curve_never_falls = steps.windows(2).all(|w| w[1] >= w[0] * 0.95);
+    report.inbox_curve_steps = steps.windows(2).map(|w| ratio(w[1], w[0])).collect();
+    let ranges: Vec<(f64, f64)> = (inbox::SHAPES.iter())
+        .map(|&(w, p)| runs.range(w, p))
+        .collect();
+    report.inbox_curve_never_falls_past_noise = ranges.windows(2).all(|r| r[1].1 >= r[0].0);
     for (w, p) in inbox::SHAPES {
         let label = if w == 1 {
             p.to_string()
@@ -615,13 +631,15 @@ fn report_inbox(report: &mut BenchReport, mut runs: InboxRuns) {
     }
     eprintln!(
         "   inbox ingest {:.0} msg/s ({:.2} of batch); processing rows/s by processors: {:?} \
-         (4 over 1: {:.2}; never falls: {}); WAL per message: inbox {:.0} B, batch {:.0} B; row \
+         (4 over 1: {:.2}; never falls: {}, past noise: {}, steps {:?}); WAL per message: inbox {:.0} B, batch {:.0} B; row \
          writes per message: inbox {:.2}, batch {:.2}",
         report.inbox_ingest_msg_s,
         report.inbox_ingest_vs_batch,
         report.inbox_processors_rows_s,
         report.inbox_4_vs_1,
         report.inbox_curve_never_falls,
+        report.inbox_curve_never_falls_past_noise,
+        report.inbox_curve_steps,
         report.inbox_wal_bytes_per_msg,
         report.batch_wal_bytes_per_msg,
         report.inbox_row_writes_per_msg,

@@ -107,6 +107,13 @@ pub(super) struct PartitionsRun {
     /// Mean time per batch transaction in each phase (`effectively_batch_phase_seconds`):
     /// `fence` includes waiting for a pool connection, `commit` the WAL flush.
     phase_ms_per_commit: Phases,
+    /// Where the tail is, from the workers' histograms (interpolated in their buckets, like
+    /// Prometheus's `histogram_quantile`): the p99 over batches of the `arrive` phase (from a
+    /// batch's oldest record timestamp to its cut: loadgen's producer, the broker, the fetch,
+    /// the partition's queue) and of the batch (from the cut to `COMMIT`'s answer, the commit
+    /// group's wait included).
+    arrive_p99_ms: f64,
+    batch_p99_ms: f64,
     /// The database's `xact_commit` per second: every session's, not only the workers'.
     db_xact_commit_s: f64,
     /// `pg_stat_wal.wal_sync` per second: WAL flushes to disk, the whole cluster's.
@@ -193,8 +200,8 @@ pub(super) async fn partitions_scale(
             "     p50 {:.1} ms, p99 {:.1} ms (after {WARM_UP_S} s: per-second p99 median {:.1}, \
              worst {:.1}); {:.0} msg/s, {:.0} commits/s ({:.1} records each); \
              PostgreSQL {:.0} us/msg (cluster {:.0}), worker {:.0} us/msg (idle {:.0}% of a \
-             core); batch {:.1} ms; {:.0} WAL syncs/s; machine {:.0}% busy, others {:.0}%; \
-             verified: {}",
+             core); batch {:.1} ms; p99 arrive {:.0} ms, batch {:.0} ms; {:.0} WAL syncs/s; \
+             machine {:.0}% busy, others {:.0}%; verified: {}",
             run.p50,
             run.p99,
             run.p99_steady_ms,
@@ -207,6 +214,8 @@ pub(super) async fn partitions_scale(
             run.worker_cpu_us_per_msg,
             run.idle_worker_cpu_pct,
             run.batch_ms_mean,
+            run.arrive_p99_ms,
+            run.batch_p99_ms,
             run.wal_syncs_s,
             run.machine_busy_pct,
             run.others_busy_pct,
@@ -329,6 +338,8 @@ async fn one(
             effect: phase(3),
             commit: phase(4),
         },
+        arrive_p99_ms: round1(1e3 * quantile(&before.arrive, &after.arrive, 0.99)),
+        batch_p99_ms: round1(1e3 * quantile(&before.batch, &after.batch, 0.99)),
         db_xact_commit_s: round1((after.xact_commit - before.xact_commit) as f64 / seconds),
         wal_syncs_s: round1((after.wal_sync - before.wal_sync) as f64 / seconds),
         pg_cpu_us_per_msg: per_msg(pg),
@@ -408,6 +419,10 @@ struct Mark {
     batch_s: f64,
     /// Seconds in each phase, in [`PHASES`] order.
     phases: [f64; 5],
+    /// Cumulative bucket counts (upper bound, count) of the `arrive` phase and of the batch
+    /// duration, summed over the workers.
+    arrive: Vec<(f64, f64)>,
+    batch: Vec<(f64, f64)>,
     worker_cpu_s: f64,
     /// CPU seconds of each backend serving a worker's connection, by pid.
     backends: HashMap<u32, f64>,
@@ -440,6 +455,8 @@ impl Mark {
             records: 0.0,
             batch_s: 0.0,
             phases: [0.0; 5],
+            arrive: Vec::new(),
+            batch: Vec::new(),
             worker_cpu_s: 0.0,
             backends: HashMap::new(),
             cluster: processes(|comm, _| comm == "postgres"),
@@ -462,6 +479,10 @@ impl Mark {
                 let label = format!("phase=\"{phase}\"");
                 m.phases[i] += metric_where(&text, "effectively_batch_phase_seconds_sum", &label);
             }
+            let arrive = "effectively_batch_phase_seconds_bucket";
+            add_buckets(&mut m.arrive, &buckets(&text, arrive, "phase=\"arrive\""));
+            let batch = "effectively_batch_duration_seconds_bucket";
+            add_buckets(&mut m.batch, &buckets(&text, batch, ""));
             m.worker_cpu_s += w.usage().1;
             if let Some(pid) = w.child.id() {
                 ports.extend(client_ports(pid));
@@ -508,6 +529,75 @@ fn metric(text: &str, name: &str) -> f64 {
 }
 
 /// The sum of a metric's series whose line holds `label` (e.g. `phase="commit"`).
+/// The cumulative buckets `(le, count)` of histogram `name` in a scrape, summed over the series
+/// whose labels contain `label`, in order of `le` (`+Inf` last).
+fn buckets(text: &str, name: &str, label: &str) -> Vec<(f64, f64)> {
+    let mut by_le: Vec<(f64, f64)> = Vec::new();
+    for l in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(label))
+    {
+        let Some((series, value)) = l.rsplit_once(' ') else {
+            continue;
+        };
+        if series.split('{').next() != Some(name) {
+            continue;
+        }
+        let le = series
+            .split("le=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .and_then(|v| match v {
+                "+Inf" => Some(f64::INFINITY),
+                v => v.parse::<f64>().ok(),
+            });
+        if let (Some(le), Ok(n)) = (le, value.parse::<f64>()) {
+            add_buckets(&mut by_le, &[(le, n)]);
+        }
+    }
+    by_le
+}
+
+fn add_buckets(into: &mut Vec<(f64, f64)>, more: &[(f64, f64)]) {
+    for &(le, n) in more {
+        match into.iter_mut().find(|(l, _)| *l == le) {
+            Some((_, c)) => *c += n,
+            None => into.push((le, n)),
+        }
+    }
+    into.sort_by(|a, b| a.0.total_cmp(&b.0));
+}
+
+/// The `q` quantile of what a histogram counted between two scrapes, interpolated linearly in
+/// its bucket as Prometheus's `histogram_quantile` does (the top finite bound when it falls in
+/// `+Inf`); 0 when nothing was counted.
+fn quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> f64 {
+    let delta: Vec<(f64, f64)> = (after.iter())
+        .map(|&(le, n)| {
+            let was = before.iter().find(|(l, _)| *l == le).map_or(0.0, |b| b.1);
+            (le, n - was)
+        })
+        .collect();
+    let Some(&(_, total)) = delta.last() else {
+        return 0.0;
+    };
+    if total <= 0.0 {
+        return 0.0;
+    }
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for &(le, n) in &delta {
+        if n >= rank {
+            if le.is_infinite() {
+                return lower;
+            }
+            return lower + (le - lower) * (rank - below) / (n - below).max(1e-9);
+        }
+        (lower, below) = (le, n);
+    }
+    lower
+}
+
 fn metric_where(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#') && l.contains(label))
@@ -630,5 +720,31 @@ mod tests {
         assert!(cpu_s(std::process::id()).is_some());
         let (busy, total) = machine_ticks();
         assert!(busy <= total && total > 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quantile_of_the_buckets_counted_between_two_scrapes() {
+        let text = |n: [u32; 3]| {
+            format!(
+                "# TYPE h histogram\n\
+                 h_bucket{{phase=\"arrive\",le=\"0.1\"}} {}\n\
+                 h_bucket{{phase=\"arrive\",le=\"1\"}} {}\n\
+                 h_bucket{{phase=\"arrive\",le=\"+Inf\"}} {}\n\
+                 h_bucket{{phase=\"fence\",le=\"0.1\"}} 500\n",
+                n[0], n[1], n[2]
+            )
+        };
+        let before = buckets(&text([10, 10, 10]), "h_bucket", "phase=\"arrive\"");
+        let after = buckets(&text([100, 110, 110]), "h_bucket", "phase=\"arrive\"");
+        // 100 new: 90 at most 0.1 s, 10 between 0.1 and 1 s. The 99th is the 9th of those 10.
+        let p99 = quantile(&before, &after, 0.99);
+        assert!((p99 - 0.91).abs() < 1e-9, "{p99}");
+        assert!((quantile(&before, &after, 0.5) - 0.1 * 50.0 / 90.0).abs() < 1e-9);
+        assert_eq!(quantile(&after, &after, 0.99), 0.0);
     }
 }
