@@ -52,19 +52,34 @@ pub(crate) async fn create_topic(
     partitions: i32,
     replication: i32,
 ) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
     // Topic configs for every topic loadgen creates, `key=value,key=value`: e.g.
     // `message.timestamp.type=LogAppendTime`, so that a run's latencies start when the broker
     // appended a record rather than when loadgen's producer made it (docs/PERFORMANCE.md).
-    let configs = std::env::var("LOADGEN_TOPIC_CONFIG").unwrap_or_default();
-    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
-    for kv in configs.split(',').filter(|kv| !kv.trim().is_empty()) {
+    let env = std::env::var("LOADGEN_TOPIC_CONFIG").unwrap_or_default();
+    let mut configs = Vec::new();
+    for kv in env.split(',').filter(|kv| !kv.trim().is_empty()) {
         let Some((k, v)) = kv.split_once('=') else {
             anyhow::bail!("LOADGEN_TOPIC_CONFIG: {kv:?} is not key=value");
         };
-        new = new.set(k.trim(), v.trim());
+        configs.push((k.trim(), v.trim()));
+    }
+    create_topic_with(brokers, topic, partitions, replication, &configs).await
+}
+
+/// Creates `topic` with these topic configs, unless it exists (then its configs stay).
+pub(crate) async fn create_topic_with(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    replication: i32,
+    configs: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+    for (k, v) in configs {
+        new = new.set(k, v);
     }
     let results = admin.create_topics(&[new], &AdminOptions::new()).await?;
     for r in results {

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::db::Db;
-use super::partitions::{delete_topic, free_port, settle, steady_spec};
+use super::partitions::{delete_topic, free_port, settle, steady_spec, timed_topic};
 use super::worker::{Launch, Worker};
 use super::BenchArgs;
 use crate::{finish_stage, produce_stage, Session};
@@ -39,6 +39,8 @@ pub(super) struct Joins {
     pub(super) partitions: i32,
     pub(super) offered_msg_s: f64,
     pub(super) seconds: f64,
+    /// Where a latency starts (`--latency-from`, see the partitions phase).
+    pub(super) latency_from: String,
     /// What `--joins-worker` added to each worker's config ("" for the defaults).
     pub(super) worker_extra: String,
     /// The joins and leaves, in order, with what they cost.
@@ -80,6 +82,7 @@ pub(super) struct JoinEvent {
 pub(super) async fn joins(bin: &Path, args: &BenchArgs, each: Duration) -> anyhow::Result<Joins> {
     let name = format!("bench-joins-{:06x}", fastrand::u32(..0xffffff));
     let s = steady_spec(args, &name, PARTITIONS, RATE, each);
+    timed_topic(args, &name, PARTITIONS).await?;
     let session = Session::open(&s).await?;
     let _db = Db::connect(args).await?;
     let name = name.as_str();
@@ -168,6 +171,7 @@ pub(super) async fn joins(bin: &Path, args: &BenchArgs, each: Duration) -> anyho
     Ok(Joins {
         partitions: PARTITIONS,
         worker_extra: args.joins_worker.clone(),
+        latency_from: args.latency_from.clone(),
         offered_msg_s: super::round1(r.acked as f64 / r.duration_s.max(1e-9)),
         seconds: super::round1(seconds),
         longest_stall_ms: longest.longest_commit_gap_ms,

@@ -92,6 +92,12 @@ pub struct BenchArgs {
     /// `adaptive = false`), to measure a setting against the defaults.
     #[arg(long, env = "BENCH_INBOX_PROCESSORS", default_value = "")]
     pub(super) inbox_processors: String,
+    /// The partitions and joins phases: where a record's latency starts. `append` (their
+    /// topics use `message.timestamp.type = LogAppendTime`): when the broker appended it, the
+    /// engine's part. `producer`: when loadgen's producer made it, which adds the producer's
+    /// own queueing on a busy machine (docs/PERFORMANCE.md, "Where the tail was").
+    #[arg(long, env = "BENCH_LATENCY_FROM", default_value = "append", value_parser = ["append", "producer"])]
+    pub(super) latency_from: String,
 }
 
 /// The phases of `loadgen bench`, in the order they run.

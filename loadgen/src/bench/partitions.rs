@@ -145,6 +145,9 @@ pub(super) struct PartitionsScale {
     pool_size: usize,
     /// What the consumer's section held beyond the defaults.
     consumer_extra: String,
+    /// Where a latency starts (`--latency-from`): `append`, the broker's append time; or
+    /// `producer`, loadgen's producer's.
+    latency_from: String,
     runs: Vec<PartitionsRun>,
     pub(super) target: String,
     /// Every 300-partition run with one transaction per batch met the target.
@@ -168,6 +171,7 @@ pub(super) async fn partitions_scale(
         seconds_each: each.as_secs_f64(),
         pool_size,
         consumer_extra: extra.to_string(),
+        latency_from: args.latency_from.clone(),
         target: format!(
             "at 300 partitions: p99 <= {P99_TARGET_MS} ms, achieved >= 95% of the offered \
              rate, at least {RECORDS_PER_COMMIT_TARGET} records per commit"
@@ -252,6 +256,7 @@ async fn one(
         fastrand::u32(..0xffffff)
     );
     let s = steady_spec(args, &name, partitions, RATE, each);
+    timed_topic(args, &name, partitions).await?;
     let session = Session::open(&s).await?;
     let db = Db::connect(args).await?;
     let mut procs = Vec::new();
@@ -356,6 +361,20 @@ async fn one(
 
 /// The run of topic and consumer `name`: `rate` payments a second for `each`, 10% resent,
 /// its report in `name`'s folder of the bench's output.
+/// Creates the run's topic with the timestamps `--latency-from` asks for (the session then
+/// finds it there).
+pub(super) async fn timed_topic(
+    args: &BenchArgs,
+    name: &str,
+    partitions: i32,
+) -> anyhow::Result<()> {
+    let configs: &[(&str, &str)] = match args.latency_from.as_str() {
+        "append" => &[("message.timestamp.type", "LogAppendTime")],
+        _ => &[],
+    };
+    crate::topics::create_topic_with(&args.services.brokers, name, partitions, 1, configs).await
+}
+
 pub(super) fn steady_spec(
     args: &BenchArgs,
     name: &str,
@@ -721,11 +740,6 @@ mod tests {
         let (busy, total) = machine_ticks();
         assert!(busy <= total && total > 0);
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     #[test]
     fn a_quantile_of_the_buckets_counted_between_two_scrapes() {
