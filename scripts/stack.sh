@@ -120,7 +120,7 @@ transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
-# Kafka's consumer group protocol (KIP-848, a consumer's `"group.protocol" = "consumer"`): the
+# Kafka's consumer group protocol (KIP-848, a consumer's "group.protocol" = "consumer"): the
 # members' heartbeat is the broker's to set (5 s by default, and no lower than its minimum), and a
 # partition that moves waits for the new owner's next heartbeat (docs/PERFORMANCE.md, joins).
 group.consumer.min.heartbeat.interval.ms=250
