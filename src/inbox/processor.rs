@@ -222,8 +222,7 @@ impl Processors {
                     false => Ok(round),
                 }
             };
-            let out = stall.watch(round).await;
-            match out {
+            match stall.watch(round).await {
                 Ok(round) => {
                     permit.done(round.claimed);
                     unavailable = 0;
