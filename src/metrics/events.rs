@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram, Counter};
+use metrics::{counter, gauge, histogram, Counter, Histogram};
 
 use super::*;
 use crate::batch::Outcome;
@@ -13,6 +13,7 @@ use crate::batch::Outcome;
 pub struct PartitionMetrics {
     received: Counter,
     below_stored: Counter,
+    arrive: Histogram,
 }
 
 impl PartitionMetrics {
@@ -40,6 +41,8 @@ impl PartitionMetrics {
             received: counter!(RECORDS_RECEIVED, &labels),
             below_stored: counter!(DUPLICATES_SKIPPED, "consumer" => consumer.to_string(),
                 "topic" => topic.to_string(), "reason" => "below_stored_offset"),
+            arrive: histogram!(BATCH_PHASE, "consumer" => consumer.to_string(),
+                "topic" => topic.to_string(), "phase" => "arrive"),
         }
     }
 
@@ -49,6 +52,15 @@ impl PartitionMetrics {
 
     pub fn below_stored_offset(&self) {
         self.below_stored.increment(1);
+    }
+
+    /// A batch was cut: how long its oldest record took to get here from its Kafka timestamp
+    /// (the producer, the broker, the fetch, the partition's queue and the linger), the `arrive`
+    /// phase. With the transaction's phases and the batch's duration it says where an
+    /// end-to-end latency was spent.
+    pub fn batch_cut(&self, oldest_timestamp_ms: i64) {
+        let age_ms = (chrono::Utc::now().timestamp_millis() - oldest_timestamp_ms).max(0);
+        self.arrive.record(age_ms as f64 / 1e3);
     }
 }
 
@@ -94,16 +106,6 @@ pub fn batch_committed(consumer: &str, topic: &str, o: &Outcome, took: Duration)
         counter!(PARKED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => reason.as_str())
             .increment(1);
     }
-}
-
-/// A partition's batch was cut: how long its oldest record took to get here from its Kafka
-/// timestamp (the producer, the broker, the fetch, the partition's queue and the linger), the
-/// `arrive` phase. With the transaction's phases and the batch's duration it says where an
-/// end-to-end latency was spent.
-pub fn batch_cut(consumer: &str, topic: &str, oldest_timestamp_ms: i64) {
-    let age_ms = (chrono::Utc::now().timestamp_millis() - oldest_timestamp_ms).max(0);
-    histogram!(BATCH_PHASE, "consumer" => consumer.to_string(), "topic" => topic.to_string(), "phase" => "arrive")
-        .record(age_ms as f64 / 1e3);
 }
 
 /// Fresh messages just committed: their end-to-end latency from the records' timestamps.

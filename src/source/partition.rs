@@ -86,7 +86,7 @@ impl PartitionTask {
                 continue;
             }
             if let Some(oldest) = batch.oldest_timestamp_ms() {
-                metrics::batch_cut(&self.ctx.consumer, &self.ctx.topic, oldest);
+                self.metrics.batch_cut(oldest);
             }
             batch.stored = self.next_offset;
             let committed = |next: i64| {
