@@ -7,7 +7,7 @@ use std::hint::black_box;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use effectively::batch::{Batch, Raw, Record};
-use effectively::config::{Config, EventDateSource, MessageIdSource};
+use effectively::config::{Config, EventDateSource, MessageIdConfig, MessageIdSource};
 use effectively::envelope::Decoder;
 use effectively::handler::cashback::Cashback;
 
@@ -41,7 +41,7 @@ fn decode(c: &mut Criterion) {
     let mut g = c.benchmark_group("decode");
     g.throughput(Throughput::Elements(1));
     let by_header = Decoder::new(
-        &MessageIdSource::Header("event_id".into()),
+        &MessageIdConfig::header("event_id"),
         &EventDateSource::Auto,
         1 << 20,
         true,
@@ -50,7 +50,10 @@ fn decode(c: &mut Criterion) {
         b.iter(|| r.with_view(|v| black_box(by_header.decode(v)).is_ok()))
     });
     let by_pointer = Decoder::new(
-        &MessageIdSource::JsonPointer("/event_id".into()),
+        &MessageIdConfig {
+            source: MessageIdSource::JsonPointer("/event_id".into()),
+            any_string: false,
+        },
         &EventDateSource::Auto,
         1 << 20,
         true,

@@ -85,6 +85,7 @@ impl Raw {
             partition: self.partition,
             offset: self.offset,
             message_id: rejection.message_id,
+            message_key: rejection.message_key.as_deref(),
             reason: rejection.reason.as_str(),
             detail: &rejection.detail,
             key: self.key.as_deref(),
@@ -144,10 +145,7 @@ impl Record {
                 (Some(v), Some(_)) => crate::version::read(v, &env).map(|_| ()),
                 _ => Ok(()),
             })
-            .map_err(|r| Rejection {
-                message_id: Some(env.message_id),
-                ..r
-            })?;
+            .map_err(|r| r.for_envelope(&env))?;
             Ok(env)
         });
         Record { raw, decoded }
@@ -231,6 +229,8 @@ pub struct Outcome {
     /// Fresh messages whose effect existed under a business key (a double tap).
     pub business_duplicates: u64,
     pub parked: Vec<Reason>,
+    /// Records passed over on purpose (tombstones under `on_tombstone = "skip"`), by reason.
+    pub skipped: Vec<Reason>,
     /// Transactions rolled back and tried again.
     pub retries: u64,
     /// PostgreSQL commits.
@@ -249,6 +249,7 @@ impl Outcome {
         self.prefilter_hits += other.prefilter_hits;
         self.business_duplicates += other.business_duplicates;
         self.parked.extend(other.parked);
+        self.skipped.extend(other.skipped);
         self.retries += other.retries;
         self.commits += other.commits;
         self.phases.add(&other.phases);

@@ -45,7 +45,7 @@ pub enum CeilingError {
 /// repeated (the resends the engine benchmark carries too).
 pub fn records(run: &str, partition: i32, n: usize) -> Vec<Record> {
     let decoder = Decoder::new(
-        &crate::config::MessageIdSource::Header("event_id".into()),
+        &crate::config::MessageIdConfig::header("event_id"),
         &crate::config::EventDateSource::Auto,
         1 << 20,
         true,

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use deadpool_postgres::Pool;
 use effectively::batch::{Batch, Raw, Record};
-use effectively::config::{EventDateSource, MessageIdSource, RetryConfig};
+use effectively::config::{EventDateSource, MessageIdConfig, RetryConfig};
 use effectively::envelope::{Decoder, RawRecord};
 use effectively::handler::cashback::{cashback_paise, outbox_id, Cashback};
 use effectively::handler::Handler;
@@ -286,7 +286,7 @@ impl Sut {
             handler: Arc::new(Cashback::new(RATE_BP as u32)),
             db: common::pg().await,
             decoder: Decoder::new(
-                &MessageIdSource::Header("event_id".into()),
+                &MessageIdConfig::header("event_id"),
                 &EventDateSource::Auto,
                 1 << 20,
                 true,

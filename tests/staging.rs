@@ -34,6 +34,7 @@ fn envelope(offset: i64) -> Envelope {
         partition: 0,
         offset,
         message_id: uuid::Uuid::new_v4(),
+        message_key: None,
         event_date: chrono::Utc::now().date_naive(),
         kafka_ts: None,
         key: Some(Bytes::from_static(b"k")),

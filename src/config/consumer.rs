@@ -27,11 +27,17 @@ pub struct ConsumerConfig {
     pub on_offset_out_of_range: OutOfRange,
     #[serde(default)]
     pub batch: BatchConfig,
-    #[serde(default = "default_message_id")] // { header = "event_id" }
-    pub message_id: MessageIdSource,
+    /// Where the dedupe key comes from (see [`MessageIdConfig`]). Default `{ header = "event_id" }`.
+    #[serde(default)]
+    pub message_id: MessageIdConfig,
     /// Picks the dedupe ledger's daily partition. Default `auto`.
     #[serde(default)]
     pub event_date: EventDateSource,
+    /// A record whose value is null (a compacted topic's delete): `park` (the default) or
+    /// `skip` (counted in `effectively_records_skipped_total`, the offset moves, nothing
+    /// applied).
+    #[serde(default)]
+    pub on_tombstone: OnTombstone,
     /// A bigger payload is parked as oversized instead of reaching the handler. Default 1 MiB
     /// (librdkafka's message.max.bytes is 1000000, but for a whole message set).
     #[serde(default = "default_max_payload_bytes")]
@@ -72,9 +78,6 @@ pub struct ConsumerConfig {
     pub payload: PayloadConfig,
 }
 
-fn default_message_id() -> MessageIdSource {
-    MessageIdSource::Header("event_id".into())
-}
 fn default_max_payload_bytes() -> usize {
     1_048_576
 }
@@ -216,15 +219,6 @@ impl Default for BatchConfig {
     }
 }
 
-/// Where a record's message id (the dedupe key, a UUID) is read from.
-/// TOML: `message_id = { header = "event_id" }` or `message_id = { json_pointer = "/event_id" }`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MessageIdSource {
-    Header(String),
-    JsonPointer(String),
-}
-
 /// Where an event's date, which picks its dedupe partition, is read from. Never the processing
 /// date: every copy of one event must land in the same partition to meet the same key.
 /// TOML: `"auto"`, `"uuid7"`, or a JSON pointer such as `"/occurred_at"`.
@@ -271,6 +265,18 @@ impl fmt::Display for EventDateSource {
             EventDateSource::JsonPointer(p) => p,
         })
     }
+}
+
+/// What a consumer does with a tombstone (a record whose value is null).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTombstone {
+    /// Parked in `dead_letters` with reason `tombstone`: an effect without content is almost
+    /// always a producer bug, and a consumer that did not choose is told.
+    #[default]
+    Park,
+    /// Passed over and counted: the partition's offset moves past it, nothing is applied.
+    Skip,
 }
 
 /// `[consumer.retry]`: transient failures (deadlocks, lost connections) of one batch.
@@ -415,7 +421,7 @@ impl ConsumerConfig {
             }
             _ => {}
         }
-        match &self.message_id {
+        match &self.message_id.source {
             MessageIdSource::Header(h) if h.is_empty() => {
                 p.push("message_id.header must not be empty".into())
             }
@@ -423,6 +429,20 @@ impl ConsumerConfig {
                 "message_id.json_pointer {ptr:?} must start with \"/\""
             )),
             _ => {}
+        }
+        // A text id has no time in it, and the ledger's daily partition must come from the
+        // event: the processing date would put a copy redelivered after midnight in another
+        // partition, where the unique key cannot meet the first copy. Nor the Kafka timestamp:
+        // a relay's resend gets a new one. "auto" would fall back to the id's UUIDv7 time.
+        if self.message_id.is_text() && !matches!(self.event_date, EventDateSource::JsonPointer(_)) {
+            p.push(format!(
+                "event_date = \"{}\" cannot date a consumer whose message_id is text ({}): a \
+                 text id carries no time, so event_date must name the event's own time in the \
+                 payload (event_date = \"/occurred_at\"); a processing date would let a copy \
+                 redelivered after midnight land in another daily partition and escape the \
+                 unique key",
+                self.event_date, self.message_id
+            ));
         }
         if retry.max_backoff < retry.initial_backoff {
             p.push(format!(

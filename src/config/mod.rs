@@ -17,6 +17,7 @@ mod consumer;
 mod example;
 mod inbox;
 pub mod kafka_security;
+mod message_id;
 mod payload;
 mod prefilter;
 mod relay;
@@ -25,12 +26,13 @@ mod tls;
 mod version;
 pub use console::{check_addr as check_console_addr, ConsoleConfig, DEFAULT_CONSOLE_ADDR};
 pub use consumer::{
-    BatchConfig, ConsumerConfig, EventDateSource, HandlerConfig, MessageIdSource, OffsetReset,
+    BatchConfig, ConsumerConfig, EventDateSource, HandlerConfig, OffsetReset, OnTombstone,
     OutOfRange, RetryConfig, Strategy,
 };
 pub use example::EXAMPLE;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
 pub use kafka_security::{KafkaSasl, KafkaTls, SaslMechanism};
+pub use message_id::{MessageIdConfig, MessageIdSource, Part as TemplatePart, Template};
 pub use payload::{PayloadConfig, PayloadFormat, RegistryAuth};
 pub use prefilter::{PrefilterConfig, Ttl};
 pub use relay::{Published, RelayConfig};

@@ -85,7 +85,7 @@ fn minimal_config_gets_the_defaults() {
     assert_eq!(c.batch.max_messages, 1000);
     assert_eq!(c.batch.max_bytes, 4_194_304);
     assert_eq!(c.batch.linger, 5 * MS);
-    assert_eq!(c.message_id, MessageIdSource::Header("event_id".into()));
+    assert_eq!(c.message_id, MessageIdConfig::header("event_id"));
     assert_eq!(c.event_date, EventDateSource::Auto);
     assert_eq!(c.max_payload_bytes, 1_048_576);
     assert_eq!(c.retry.max_attempts, 5);
@@ -124,9 +124,10 @@ fn every_enum_spelling() {
     assert!(is_parse_error(&with("on_offset_out_of_range = \"none\"")));
     assert!(is_parse_error(&with("on_offset_out_of_range = \"Stop\"")));
     let header = c("message_id = { header = \"id\" }").message_id;
-    assert_eq!(header, MessageIdSource::Header("id".into()));
+    assert_eq!(header, MessageIdConfig::header("id"));
     let pointer = c("message_id = { json_pointer = \"/id\" }").message_id;
-    assert_eq!(pointer, MessageIdSource::JsonPointer("/id".into()));
+    assert_eq!(pointer.source, MessageIdSource::JsonPointer("/id".into()));
+    assert!(!pointer.any_string);
     let uuid7 = c("event_date = \"uuid7\"").event_date;
     assert_eq!(uuid7, EventDateSource::Uuid7);
     let h = |h: &str| consumer(&MINIMAL.replace("{ kind = \"cashback\" }", h)).handler;
@@ -403,4 +404,23 @@ fn registry_credentials_come_from_a_variable_or_a_file_and_never_print() {
         .unwrap_err()
         .contains("EFFECTIVELY_TEST_UNSET_VAR"));
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_text_id_needs_an_event_date_from_the_payload() {
+    for id in [
+        "message_id = \"key\"",
+        "message_id = { template = \"{/payment_id}:{/status}\" }",
+        "message_id = { json_pointer = \"/id\", any_string = true }",
+    ] {
+        for date in ["", "event_date = \"auto\"", "event_date = \"uuid7\""] {
+            let msg = invalid(&with(&format!("{id}\n{date}")));
+            assert!(msg.contains("a text id carries no time"), "{id} {date}: {msg}");
+            assert!(msg.contains("redelivered after midnight"), "{msg}");
+        }
+        let ok = consumer(&with(&format!("{id}\nevent_date = \"/occurred_at\"")));
+        assert!(ok.message_id.is_text());
+    }
+    // A UUID source keeps "auto": its UUIDv7 ids date themselves.
+    consumer(&with("message_id = { json_pointer = \"/id\" }\nevent_date = \"auto\""));
 }

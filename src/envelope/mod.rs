@@ -28,10 +28,17 @@ use chrono::{DateTime, Days, NaiveDate, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::config::{EventDateSource, MessageIdSource, PayloadConfig};
+use crate::config::{
+    EventDateSource, MessageIdConfig, MessageIdSource, OnTombstone, PayloadConfig, TemplatePart,
+};
 use format::Kind;
 use registry::{Lookup, Registry, Unavailable};
 pub use rejection::{Reason, Rejection};
+
+/// The namespace of the name-based (v5) UUIDs that text message ids become:
+/// `65666665-6374-6976-656c-792d6b657973` (the ASCII of "effectively-keys"). Fixed for good: a
+/// different namespace would give every text id a new key, and old copies would pass.
+pub const KEY_NAMESPACE: Uuid = Uuid::from_u128(0x6566_6665_6374_6976_656c_792d_6b65_7973);
 
 /// The payload field [`EventDateSource::Auto`] reads first.
 const OCCURRED_AT: &str = "/occurred_at";
@@ -58,6 +65,9 @@ pub struct Envelope {
     pub partition: i32,
     pub offset: i64,
     pub message_id: Uuid,
+    /// The text the message id was made from, when it was not a UUID (a Stripe-like id, a
+    /// template's business key): for people (dead letters, logs), never for the ledger.
+    pub message_key: Option<String>,
     pub event_date: NaiveDate,
     /// Informational only (lag, logs): it differs between redeliveries, so it never dates the
     /// event.
@@ -95,6 +105,7 @@ impl Envelope {
             partition,
             offset,
             message_id,
+            message_key: None,
             event_date,
             kafka_ts,
             size: key.map_or(0, |k| k.len()) + payload.len(),
@@ -112,9 +123,12 @@ impl Envelope {
 #[derive(Debug, Clone)]
 pub struct Decoder {
     message_id: IdSource,
+    /// Text that is not a UUID becomes a v5 UUID (else it is parked as `invalid_event_id`).
+    any_string: bool,
     event_date: DateSource,
     max_payload_bytes: usize,
     needs_json: bool,
+    on_tombstone: OnTombstone,
     /// Set when the value or the key is read through a Schema Registry.
     registered: Option<Registered>,
 }
@@ -133,6 +147,8 @@ struct Registered {
 enum IdSource {
     Header(String),
     Pointer(String),
+    Key,
+    Template { text: String, parts: Vec<TemplatePart> },
 }
 
 #[derive(Debug, Clone)]
@@ -142,24 +158,31 @@ enum DateSource {
     Pointer(String),
 }
 
-/// Where decoding stands on the message id before the payload is looked at.
-enum IdLookup<'a> {
-    Found(Uuid),
-    InPayload(&'a str),
+/// A message id and, when it was not a UUID, the text it was made from.
+#[derive(Debug, Clone)]
+struct Key {
+    id: Uuid,
+    text: Option<String>,
 }
 
 impl Decoder {
     pub fn new(
-        message_id: &MessageIdSource,
+        message_id: &MessageIdConfig,
         event_date: &EventDateSource,
         max_payload_bytes: usize,
         needs_json: bool,
     ) -> Decoder {
         Decoder {
-            message_id: match message_id {
+            message_id: match &message_id.source {
                 MessageIdSource::Header(name) => IdSource::Header(name.clone()),
                 MessageIdSource::JsonPointer(p) => IdSource::Pointer(p.clone()),
+                MessageIdSource::Key => IdSource::Key,
+                MessageIdSource::Template(t) => IdSource::Template {
+                    text: t.text.clone(),
+                    parts: t.parts.clone(),
+                },
             },
+            any_string: message_id.is_text(),
             event_date: match event_date {
                 EventDateSource::Auto => DateSource::Auto,
                 EventDateSource::Uuid7 => DateSource::Uuid7,
@@ -167,8 +190,15 @@ impl Decoder {
             },
             max_payload_bytes,
             needs_json,
+            on_tombstone: OnTombstone::Park,
             registered: None,
         }
+    }
+
+    /// What a record with a null value becomes: parked (the default) or skipped.
+    pub fn with_tombstones(mut self, on_tombstone: OnTombstone) -> Decoder {
+        self.on_tombstone = on_tombstone;
+        self
     }
 
     /// Reads values (and keys, if `key_format` says so) as `[consumer.payload]` says. `Err`:
@@ -222,29 +252,39 @@ impl Decoder {
     /// or oversized record is parked with its id. The payload is parsed at most once, and only
     /// when something needs it.
     pub fn decode(&self, raw: &RawRecord<'_>) -> Result<Envelope, Rejection> {
-        let lookup = match &self.message_id {
-            IdSource::Header(name) => id_from_header(raw.headers, name).map(IdLookup::Found),
-            IdSource::Pointer(p) => Ok(IdLookup::InPayload(p)),
-        };
-        let known_id = match lookup {
-            Ok(IdLookup::Found(id)) => Some(id),
+        // What can be read before the payload is (a header, a key taken as it is), so that even
+        // an empty or oversized record is parked with its id.
+        let early = match &self.message_id {
+            IdSource::Header(name) => Some(
+                text_from_header(raw.headers, name, "message id")
+                    .and_then(|t| self.key_from_text(&t, || format!("header {name:?}"))),
+            ),
+            IdSource::Key if !self.decodes_key() => Some(
+                key_text(raw.key, None).and_then(|t| self.key_from_text(&t, || "the record key".into())),
+            ),
             _ => None,
         };
-        let reject = |r: Rejection| match known_id {
-            Some(id) => r.with_message_id(id),
+        let known = match &early {
+            Some(Ok(k)) => Some(k.clone()),
+            _ => None,
+        };
+        let reject = |r: Rejection| match &known {
+            Some(k) => r.with_key(k.id, k.text.clone()),
             None => r,
         };
 
-        // Tombstones are refused even when nothing reads the body: an effect without content
-        // is almost always a producer bug, and compaction semantics do not apply here.
+        // A tombstone (null value) is parked unless the consumer chose to skip them: an effect
+        // without content is almost always a producer bug, and a consumer that did not choose
+        // is told. Zero bytes are not a tombstone but an empty payload.
         let payload = match raw.payload {
-            Some(p) if !p.is_empty() => p,
-            _ => {
+            None => return Err(reject(self.tombstone())),
+            Some([]) => {
                 return Err(reject(Rejection::new(
                     Reason::EmptyPayload,
-                    "record has no payload (null or zero bytes); tombstones cannot be applied",
+                    "record has an empty payload (zero bytes, not a null tombstone)",
                 )))
             }
+            Some(p) => p,
         };
         if payload.len() > self.max_payload_bytes {
             return Err(reject(Rejection::new(
@@ -257,7 +297,7 @@ impl Decoder {
             )));
         }
 
-        let lookup = lookup?;
+        let early = early.transpose()?;
         let (payload, json) = match self
             .registered
             .as_ref()
@@ -287,26 +327,25 @@ impl Decoder {
                 (Bytes::copy_from_slice(payload), json)
             }
         };
-        let key = match (
+        let (key, key_value) = match (
             self.registered.as_ref().and_then(|r| r.key.map(|k| (r, k))),
             raw.key,
         ) {
             (Some((r, kind)), Some(k)) => {
                 let value = registered(r, kind, k, "key").map_err(reject)?;
-                Some(Bytes::from(
-                    serde_json::to_vec(&value).expect("a JSON value serialises"),
-                ))
+                let bytes = serde_json::to_vec(&value).expect("a JSON value serialises");
+                (Some(Bytes::from(bytes)), Some(value))
             }
-            (_, k) => k.map(Bytes::copy_from_slice),
+            (_, k) => (k.map(Bytes::copy_from_slice), None),
         };
-        let message_id = match lookup {
-            IdLookup::Found(id) => id,
-            IdLookup::InPayload(pointer) => id_from_json(json.as_ref(), pointer)?,
+        let Key { id: message_id, text: message_key } = match early {
+            Some(k) => k,
+            None => self.late_key(raw, json.as_ref(), key_value.as_ref())?,
         };
 
         let event_date = self
             .event_date(&message_id, json.as_ref())
-            .map_err(|r| r.with_message_id(message_id))?;
+            .map_err(|r| r.with_key(message_id, message_key.clone()))?;
 
         let header_bytes: usize = raw
             .headers
@@ -320,6 +359,7 @@ impl Decoder {
             partition: raw.partition,
             offset: raw.offset,
             message_id,
+            message_key,
             event_date,
             kafka_ts: raw
                 .timestamp_ms
@@ -332,20 +372,132 @@ impl Decoder {
         })
     }
 
+    fn tombstone(&self) -> Rejection {
+        match self.on_tombstone {
+            OnTombstone::Park => Rejection::new(
+                Reason::Tombstone,
+                "record is a tombstone (a null value: a compacted topic's delete); this consumer \
+                 parks them (on_tombstone = \"park\", the default); on_tombstone = \"skip\" \
+                 passes them over",
+            ),
+            OnTombstone::Skip => Rejection {
+                skip: true,
+                ..Rejection::new(Reason::Tombstone, "tombstone skipped (on_tombstone = \"skip\")")
+            },
+        }
+    }
+
+    /// Whether something reads fields of the payload (so it must be an object).
+    fn reads_fields(&self) -> bool {
+        self.needs_json || self.id_reads_payload() || matches!(self.event_date, DateSource::Pointer(_))
+    }
+
+    /// Whether the message id comes (in part) from a payload field.
+    fn id_reads_payload(&self) -> bool {
+        match &self.message_id {
+            IdSource::Pointer(_) => true,
+            IdSource::Template { parts, .. } => {
+                parts.iter().any(|p| matches!(p, TemplatePart::Pointer(_)))
+            }
+            IdSource::Header(_) | IdSource::Key => false,
+        }
+    }
+
+    /// Whether record keys go through the registry (then `{key}` is the decoded key's text).
+    fn decodes_key(&self) -> bool {
+        self.registered.as_ref().is_some_and(|r| r.key.is_some())
+    }
+
+    /// The message id of a source that needs the payload or the decoded key.
+    fn late_key(
+        &self,
+        raw: &RawRecord<'_>,
+        json: Option<&Value>,
+        key_value: Option<&Value>,
+    ) -> Result<Key, Rejection> {
+        match &self.message_id {
+            IdSource::Pointer(p) => {
+                let text = text_from_json(json, p, self.any_string, "message id")?;
+                self.key_from_text(&text, || format!("payload {p}"))
+            }
+            IdSource::Header(name) => {
+                let text = text_from_header(raw.headers, name, "message id")?;
+                self.key_from_text(&text, || format!("header {name:?}"))
+            }
+            IdSource::Key => {
+                let text = key_text(raw.key, key_value)?;
+                self.key_from_text(&text, || "the record key".into())
+            }
+            IdSource::Template { text: template, parts } => {
+                let mut out = String::new();
+                for part in parts {
+                    let piece = match part {
+                        TemplatePart::Literal(l) => {
+                            out.push_str(l);
+                            continue;
+                        }
+                        TemplatePart::Pointer(p) => text_from_json(json, p, true, "message id part"),
+                        TemplatePart::Header(h) => text_from_header(raw.headers, h, "message id part"),
+                        TemplatePart::Key => key_text(raw.key, key_value),
+                    }
+                    .map_err(|r| Rejection {
+                        detail: format!("message_id template {template:?}: {}", r.detail),
+                        ..r
+                    })?;
+                    if piece.trim().is_empty() {
+                        return Err(Rejection::new(
+                            Reason::MissingEventId,
+                            format!(
+                                "message_id template {template:?}: {} is empty; a key is never \
+                                 made from an empty part",
+                                describe(part)
+                            ),
+                        ));
+                    }
+                    out.push_str(&piece);
+                }
+                self.key_from_text(&out, || format!("template {template:?}"))
+            }
+        }
+    }
+
+    /// A UUID stays that UUID (ledgers written before text ids keep their keys); other text
+    /// becomes a v5 UUID in [`KEY_NAMESPACE`] when this consumer takes text ids.
+    fn key_from_text(&self, text: &str, from: impl Fn() -> String) -> Result<Key, Rejection> {
+        let trimmed = text.trim_ascii();
+        if trimmed.is_empty() {
+            return Err(Rejection::new(
+                Reason::MissingEventId,
+                format!("{} is empty: a message id is never empty", from()),
+            ));
+        }
+        match parse_id(trimmed) {
+            Ok(id) => Ok(Key { id, text: None }),
+            Err(why) if !self.any_string || Uuid::try_parse(trimmed).is_ok_and(|u| u.is_nil()) => {
+                let hint = if self.any_string {
+                    ""
+                } else {
+                    " (a consumer whose ids are not UUIDs sets any_string = true on message_id)"
+                };
+                Err(Rejection::new(
+                    Reason::InvalidEventId,
+                    format!("{} holds {:?}: {why}{hint}", from(), quote(trimmed)),
+                ))
+            }
+            Err(_) => Ok(Key {
+                id: Uuid::new_v5(&KEY_NAMESPACE, trimmed.as_bytes()),
+                text: Some(trimmed.to_string()),
+            }),
+        }
+    }
+
     /// Whether this record's payload must be parsed. `Auto` parses only what looks like a JSON
     /// object, so opaque payloads (Avro, protobuf, text) with UUIDv7 ids still decode. A body
     /// that looks like JSON but does not parse is rejected rather than dated by its id: its
     /// `occurred_at` may be in there, and silently switching date source would hide the bug.
-    /// Whether something reads fields of the payload (so it must be an object).
-    fn reads_fields(&self) -> bool {
-        self.needs_json
-            || matches!(self.message_id, IdSource::Pointer(_))
-            || matches!(self.event_date, DateSource::Pointer(_))
-    }
-
     fn wants_json(&self, payload: &[u8]) -> bool {
         self.needs_json
-            || matches!(self.message_id, IdSource::Pointer(_))
+            || self.id_reads_payload()
             || match self.event_date {
                 DateSource::Pointer(_) => true,
                 DateSource::Uuid7 => false,
@@ -496,9 +648,13 @@ pub fn check_window(
     Ok(())
 }
 
-/// Reads the id from the last header named `name` (Kafka allows repeats; the last one is the
-/// most recently added, e.g. by a forwarding proxy).
-fn id_from_header(headers: &[(&str, Option<&[u8]>)], name: &str) -> Result<Uuid, Rejection> {
+/// Reads `what` from the last header named `name` (Kafka allows repeats; the last one is the
+/// most recently added, e.g. by a forwarding proxy), as UTF-8 text.
+fn text_from_header(
+    headers: &[(&str, Option<&[u8]>)],
+    name: &str,
+    what: &str,
+) -> Result<String, Rejection> {
     let value = headers
         .iter()
         .rev()
@@ -507,49 +663,83 @@ fn id_from_header(headers: &[(&str, Option<&[u8]>)], name: &str) -> Result<Uuid,
         .ok_or_else(|| {
             Rejection::new(
                 Reason::MissingEventId,
-                format!(
-                    "record has no header {name:?} (or it is null) to read the message id from"
-                ),
+                format!("record has no header {name:?} (or it is null) to read the {what} from"),
             )
         })?;
-    let text = std::str::from_utf8(value).map_err(|_| {
-        Rejection::new(
+    match std::str::from_utf8(value) {
+        Ok(text) => Ok(text.to_string()),
+        Err(_) => Err(Rejection::new(
             Reason::InvalidEventId,
             format!(
-                "header {name:?} is not UTF-8 text (starts with {:?}); expected a UUID",
+                "header {name:?} is not UTF-8 text (starts with {:?}); the {what} must be text",
                 quote(&String::from_utf8_lossy(value))
             ),
-        )
-    })?;
-    parse_id(text).map_err(|why| {
-        Rejection::new(
-            Reason::InvalidEventId,
-            format!("header {name:?} holds {:?}: {why}", quote(text)),
-        )
-    })
+        )),
+    }
 }
 
-/// Reads the id from a JSON string at `pointer`. `null` counts as missing, as producers often
+/// Reads `what` from the JSON value at `pointer`: a string, or (when `numbers`, for text ids)
+/// a number or boolean as its JSON text. `null` counts as missing, as producers often
 /// serialize an absent optional field that way.
-fn id_from_json(json: Option<&Value>, pointer: &str) -> Result<Uuid, Rejection> {
+fn text_from_json(
+    json: Option<&Value>,
+    pointer: &str,
+    numbers: bool,
+    what: &str,
+) -> Result<String, Rejection> {
     match json.and_then(|j| j.pointer(pointer)) {
         None | Some(Value::Null) => Err(Rejection::new(
             Reason::MissingEventId,
-            format!("payload has no message id at JSON pointer {pointer}"),
+            format!("payload has no {what} at JSON pointer {pointer}"),
         )),
-        Some(Value::String(s)) => parse_id(s).map_err(|why| {
-            Rejection::new(
-                Reason::InvalidEventId,
-                format!("payload {pointer} holds {:?}: {why}", quote(s)),
-            )
-        }),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(v @ (Value::Number(_) | Value::Bool(_))) if numbers => Ok(v.to_string()),
         Some(other) => Err(Rejection::new(
             Reason::InvalidEventId,
             format!(
-                "payload {pointer} is a JSON {}, expected a string holding a UUID",
-                json_type(other)
+                "payload {pointer} is a JSON {}, expected a string{}",
+                json_type(other),
+                if numbers { " or a number" } else { " holding a UUID" }
             ),
         )),
+    }
+}
+
+/// The record key as text: the decoded key's string (or its JSON text) when the key goes
+/// through the registry, else the key's bytes as UTF-8.
+fn key_text(key: Option<&[u8]>, decoded: Option<&Value>) -> Result<String, Rejection> {
+    if let Some(v) = decoded {
+        return match v {
+            Value::Null => Err(Rejection::new(Reason::MissingEventId, "the record key decodes to null")),
+            Value::String(s) => Ok(s.clone()),
+            other => Ok(other.to_string()),
+        };
+    }
+    match key {
+        None | Some([]) => Err(Rejection::new(
+            Reason::MissingEventId,
+            "record has no key (null or zero bytes) to read the message id from",
+        )),
+        Some(k) => std::str::from_utf8(k).map(str::to_string).map_err(|_| {
+            Rejection::new(
+                Reason::InvalidEventId,
+                format!(
+                    "the record key is not UTF-8 text (starts with {:?}); a message id from the \
+                     key must be text",
+                    quote(&String::from_utf8_lossy(k))
+                ),
+            )
+        }),
+    }
+}
+
+/// A template part, as the operator wrote it.
+fn describe(part: &TemplatePart) -> String {
+    match part {
+        TemplatePart::Literal(l) => format!("{l:?}"),
+        TemplatePart::Pointer(p) => format!("{{{p}}}"),
+        TemplatePart::Header(h) => format!("{{header:{h}}}"),
+        TemplatePart::Key => "{key}".into(),
     }
 }
 

@@ -42,6 +42,7 @@ reasons! {
     NotWireFormat => "not_wire_format",
     UnknownSchema => "unknown_schema",
     SchemaMismatch => "schema_mismatch",
+    Tombstone => "tombstone",
 }
 
 impl fmt::Display for Reason {
@@ -59,6 +60,11 @@ pub struct Rejection {
     pub detail: String,
     /// The message id when one was readable, so a parked record can be traced to its producer.
     pub message_id: Option<Uuid>,
+    /// The text the message id was made from, when it was not a UUID.
+    pub message_key: Option<String>,
+    /// Not parked but passed over, counted (`on_tombstone = "skip"`): the partition's offset
+    /// moves past it in its batch's transaction, and nothing is applied or stored.
+    pub skip: bool,
 }
 
 impl Rejection {
@@ -67,6 +73,8 @@ impl Rejection {
             reason,
             detail: detail.into(),
             message_id: None,
+            message_key: None,
+            skip: false,
         }
     }
 
@@ -74,5 +82,17 @@ impl Rejection {
     pub fn with_message_id(mut self, id: Uuid) -> Self {
         self.message_id = Some(id);
         self
+    }
+
+    /// Attaches the message id and the text it was made from (`None` for a UUID id).
+    pub fn with_key(mut self, id: Uuid, text: Option<String>) -> Self {
+        self.message_id = Some(id);
+        self.message_key = text;
+        self
+    }
+
+    /// Attaches a decoded message's id and its text.
+    pub fn for_envelope(self, env: &crate::envelope::Envelope) -> Self {
+        self.with_key(env.message_id, env.message_key.clone())
     }
 }

@@ -17,13 +17,16 @@ fn date(s: &str) -> NaiveDate {
 }
 
 fn by_header(date_src: D, needs_json: bool) -> Decoder {
-    let id = MessageIdSource::Header("event_id".into());
+    let id = MessageIdConfig::header("event_id");
     Decoder::new(&id, &date_src, 1024, needs_json)
 }
 
 fn by_pointer() -> Decoder {
     Decoder::new(
-        &MessageIdSource::JsonPointer("/id".into()),
+        &MessageIdConfig {
+            source: MessageIdSource::JsonPointer("/id".into()),
+            any_string: false,
+        },
         &D::Auto,
         1024,
         false,
@@ -141,10 +144,120 @@ fn oversized_and_empty() {
     assert!(decode(&d, Some(&text), &big[..1024]).is_ok());
     assert_eq!(why(&d, Some(&text), b""), R::EmptyPayload);
     let headers = [("event_id", Some(text.as_bytes()))];
-    assert_eq!(
-        d.decode(&raw(&headers, None)).unwrap_err().reason,
-        R::EmptyPayload
+    let r = d.decode(&raw(&headers, None)).unwrap_err();
+    assert_eq!((r.reason, r.message_id, r.skip), (R::Tombstone, Some(id), false));
+    assert!(r.detail.contains("on_tombstone"), "{}", r.detail);
+}
+
+#[test]
+fn tombstones_park_or_skip() {
+    let id = v7().to_string();
+    let headers = [("event_id", Some(id.as_bytes()))];
+    let skip = by_header(D::Uuid7, false).with_tombstones(OnTombstone::Skip);
+    let r = skip.decode(&raw(&headers, None)).unwrap_err();
+    assert_eq!((r.reason, r.skip), (R::Tombstone, true));
+    // A tombstone without an id is skipped too: nothing of it is applied or kept.
+    assert!(skip.decode(&raw(&[], None)).unwrap_err().skip);
+    // Zero bytes are an empty payload, parked under either setting.
+    let r = skip.decode(&raw(&headers, Some(b""))).unwrap_err();
+    assert_eq!((r.reason, r.skip), (R::EmptyPayload, false));
+}
+
+fn text_ids(source: MessageIdSource, any_string: bool, date_src: D) -> Decoder {
+    Decoder::new(
+        &MessageIdConfig { source, any_string },
+        &date_src,
+        1024,
+        false,
+    )
+}
+
+#[test]
+fn text_ids_become_name_based_uuids() {
+    let d = text_ids(
+        MessageIdSource::JsonPointer("/id".into()),
+        true,
+        D::JsonPointer("/created".into()),
     );
+    let body = |id: &str| format!(r#"{{"id":{id},"created":"2026-12-07T10:00:00Z"}}"#);
+    let stripe = decode(&d, None, body(r#""evt_1NxYz""#).as_bytes()).unwrap();
+    assert_eq!(stripe.message_id, Uuid::new_v5(&KEY_NAMESPACE, b"evt_1NxYz"));
+    assert_eq!(stripe.message_id.get_version_num(), 5);
+    assert_eq!(stripe.message_key.as_deref(), Some("evt_1NxYz"));
+    assert_eq!(stripe.event_date, date("2026-12-07"));
+    // The same text is the same key, whatever copy carries it.
+    let again = decode(&d, None, body(r#"" evt_1NxYz ""#).as_bytes()).unwrap();
+    assert_eq!(again.message_id, stripe.message_id);
+    // A UUID stays that UUID, so ledgers from before keep their keys.
+    let id = v7();
+    let uuid = decode(&d, None, body(&format!("\"{id}\"")).as_bytes()).unwrap();
+    assert_eq!((uuid.message_id, uuid.message_key), (id, None));
+    // Numbers are text ids too; empty, null and the nil UUID are not.
+    let n = decode(&d, None, body("42").as_bytes()).unwrap();
+    assert_eq!(n.message_id, Uuid::new_v5(&KEY_NAMESPACE, b"42"));
+    assert_eq!(why(&d, None, body(r#""  ""#).as_bytes()), R::MissingEventId);
+    assert_eq!(why(&d, None, body("null").as_bytes()), R::MissingEventId);
+    let nil = format!("\"{}\"", Uuid::nil());
+    assert_eq!(why(&d, None, body(&nil).as_bytes()), R::InvalidEventId);
+    assert_eq!(why(&d, None, body("{}").as_bytes()), R::InvalidEventId);
+    // Without any_string, text that is not a UUID is parked, with the way out in the detail.
+    let strict = text_ids(MessageIdSource::JsonPointer("/id".into()), false, D::Auto);
+    let r = decode(&strict, None, body(r#""evt_1""#).as_bytes()).unwrap_err();
+    assert_eq!(r.reason, R::InvalidEventId);
+    assert!(r.detail.contains("any_string = true"), "{}", r.detail);
+}
+
+#[test]
+fn a_text_id_without_a_date_is_parked_with_its_text() {
+    let d = text_ids(MessageIdSource::Header("event_id".into()), true, D::Auto);
+    let r = why(&d, Some("whk_delivery_7"), b"{}");
+    assert_eq!(r, R::NoEventDate);
+    let r = decode(&d, Some("whk_delivery_7"), b"{}").unwrap_err();
+    assert_eq!(r.message_key.as_deref(), Some("whk_delivery_7"));
+    assert_eq!(r.message_id, Some(Uuid::new_v5(&KEY_NAMESPACE, b"whk_delivery_7")));
+    // An oversized record is parked with the header's text too.
+    let r = decode(&d, Some("whk_delivery_7"), &[b'a'; 2000]).unwrap_err();
+    assert_eq!((r.reason, r.message_key.as_deref()), (R::OversizedPayload, Some("whk_delivery_7")));
+}
+
+#[test]
+fn the_record_key_and_templates() {
+    let when = r#""at":"2026-12-07T10:00:00Z""#;
+    let key = text_ids(MessageIdSource::Key, true, D::JsonPointer("/at".into()));
+    let env = decode(&key, None, format!("{{{when}}}").as_bytes()).unwrap();
+    assert_eq!(env.message_key.as_deref(), Some("k1"), "raw() carries key k1");
+    let mut no_key = raw(&[], Some(b"{}"));
+    no_key.key = None;
+    assert_eq!(key.decode(&no_key).unwrap_err().reason, R::MissingEventId);
+
+    let template: crate::config::Template = "{/payment_id}:{/status}".parse().unwrap();
+    let d = text_ids(MessageIdSource::Template(template), true, D::JsonPointer("/at".into()));
+    let tap = |event_id: &str, status: &str| {
+        format!(r#"{{"event_id":"{event_id}","payment_id":"pay_42","status":"{status}",{when}}}"#)
+    };
+    let first = decode(&d, None, tap("e1", "CAPTURED").as_bytes()).unwrap();
+    let double_tap = decode(&d, None, tap("e2", "CAPTURED").as_bytes()).unwrap();
+    assert_eq!(first.message_key.as_deref(), Some("pay_42:CAPTURED"));
+    assert_eq!(first.message_id, double_tap.message_id, "fresh event id, same business key");
+    let refund = decode(&d, None, tap("e3", "REFUNDED").as_bytes()).unwrap();
+    assert_ne!(refund.message_id, first.message_id);
+    // A missing or empty part is bad input, never a shorter key.
+    let missing = format!(r#"{{"payment_id":"pay_42",{when}}}"#);
+    let r = decode(&d, None, missing.as_bytes()).unwrap_err();
+    assert_eq!(r.reason, R::MissingEventId);
+    assert!(r.detail.contains("{/payment_id}:{/status}") && r.detail.contains("/status"), "{}", r.detail);
+    let empty = tap("e4", "");
+    let r = decode(&d, None, empty.as_bytes()).unwrap_err();
+    assert_eq!(r.reason, R::MissingEventId);
+    assert!(r.detail.contains("{/status} is empty"), "{}", r.detail);
+
+    let mixed: crate::config::Template = "{header:source}/{key}".parse().unwrap();
+    let d = text_ids(MessageIdSource::Template(mixed), true, D::JsonPointer("/at".into()));
+    let headers = [("source", Some(&b"billing"[..]))];
+    let env = d.decode(&raw(&headers, Some(format!("{{{when}}}").as_bytes()))).unwrap();
+    assert_eq!(env.message_key.as_deref(), Some("billing/k1"));
+    let r = d.decode(&raw(&[], Some(format!("{{{when}}}").as_bytes()))).unwrap_err();
+    assert!(r.detail.contains("no header \"source\""), "{}", r.detail);
 }
 
 #[test]

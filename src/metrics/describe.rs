@@ -52,6 +52,11 @@ pub(super) fn describe() {
         "Messages parked in dead_letters, by reason."
     );
     describe_counter!(
+        RECORDS_SKIPPED,
+        Unit::Count,
+        "Records passed over on purpose, by reason (tombstone: on_tombstone = \"skip\"); the offset moved past them."
+    );
+    describe_counter!(
         TRANSIENT_RETRIES,
         Unit::Count,
         "Batch transactions rolled back and tried again."

@@ -106,6 +106,10 @@ pub fn batch_committed(consumer: &str, topic: &str, o: &Outcome, took: Duration)
         counter!(PARKED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => reason.as_str())
             .increment(1);
     }
+    for reason in &o.skipped {
+        counter!(RECORDS_SKIPPED, "consumer" => c.clone(), "topic" => t.clone(), "reason" => reason.as_str())
+            .increment(1);
+    }
 }
 
 /// Fresh messages just committed: their end-to-end latency from the records' timestamps.

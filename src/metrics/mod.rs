@@ -34,6 +34,7 @@ pub const EFFECTS_APPLIED: &str = "effectively_effects_applied_total";
 pub const TRANSACTIONS_COMMITTED: &str = "effectively_transactions_committed_total";
 pub const DUPLICATES_SKIPPED: &str = "effectively_duplicates_skipped_total";
 pub const PARKED: &str = "effectively_parked_total";
+pub const RECORDS_SKIPPED: &str = "effectively_records_skipped_total";
 pub const TRANSIENT_RETRIES: &str = "effectively_transient_retries_total";
 pub const FENCED: &str = "effectively_fenced_transactions_total";
 pub const OFFSET_STORE_WENT_BACK: &str = "effectively_offset_store_went_back_total";
@@ -88,6 +89,7 @@ pub const ALL: &[&str] = &[
     TRANSACTIONS_COMMITTED,
     DUPLICATES_SKIPPED,
     PARKED,
+    RECORDS_SKIPPED,
     TRANSIENT_RETRIES,
     FENCED,
     OFFSET_STORE_WENT_BACK,

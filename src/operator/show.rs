@@ -134,6 +134,9 @@ pub fn dead_letter(d: &DeadLetter, how: As) -> String {
     let _ = writeln!(out, "record:      {}/{}@{}", s.topic, s.partition, s.offset);
     let id = s.message_id.map_or("(none)".into(), |u| u.to_string());
     let _ = writeln!(out, "message_id:  {id}");
+    if let Some(key) = &s.message_key {
+        let _ = writeln!(out, "made from:   {key:?}");
+    }
     let _ = writeln!(out, "reason:      {}", s.reason);
     let _ = writeln!(out, "detail:      {}", s.detail);
     let _ = writeln!(out, "attempts:    {}", s.attempts);

@@ -202,6 +202,7 @@ impl Source {
                 self.config.max_payload_bytes,
                 self.handler.needs_json() || self.config.version.is_some(),
             )
+            .with_tombstones(self.config.on_tombstone)
             .with_payload(&self.config.payload)
             .map_err(|reason| SourceError::Fatal {
                 consumer: self.config.name.clone(),

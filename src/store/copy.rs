@@ -216,6 +216,7 @@ mod tests {
             partition: 3,
             offset: 42,
             message_id: uuid::Uuid::nil(),
+            message_key: None,
             event_date: chrono::NaiveDate::from_ymd_opt(2026, 12, 2).unwrap(),
             kafka_ts: None,
             key: None,

@@ -14,6 +14,8 @@ pub struct Parked<'a> {
     pub partition: i32,
     pub offset: i64,
     pub message_id: Option<uuid::Uuid>,
+    /// The text the message id was made from, when it was not a UUID.
+    pub message_key: Option<&'a str>,
     pub reason: &'a str,
     pub detail: &'a str,
     pub key: Option<&'a [u8]>,
@@ -29,10 +31,13 @@ pub struct Parked<'a> {
 // latest reason wins, and it is parked again even if an operator had resolved it.
 const PARK: &str = "\
 INSERT INTO dead_letters (consumer, topic, partition, \"offset\", message_id, reason, detail,
-                          key, header_names, header_values, payload, kafka_ts, attempts)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                          key, header_names, header_values, payload, kafka_ts, attempts,
+                          message_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 ON CONFLICT (consumer, topic, partition, \"offset\") DO UPDATE
 SET reason = EXCLUDED.reason, detail = EXCLUDED.detail,
+    message_id = coalesce(EXCLUDED.message_id, dead_letters.message_id),
+    message_key = coalesce(EXCLUDED.message_key, dead_letters.message_key),
     attempts = dead_letters.attempts + EXCLUDED.attempts, last_seen = now(),
     resolution = NULL, resolved_at = NULL, resolved_by = NULL, resolved_action = NULL,
     redriven_to = NULL";
@@ -64,6 +69,7 @@ pub async fn park(
                 &p.payload,
                 &p.kafka_ts,
                 &p.attempts,
+                &p.message_key,
             ],
         )
         .await?;

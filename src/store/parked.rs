@@ -96,6 +96,9 @@ pub struct DeadLetterSummary {
     pub partition: i32,
     pub offset: i64,
     pub message_id: Option<Uuid>,
+    /// The text the message id was made from, when it was not a UUID (a Stripe-like id, a
+    /// template's business key).
+    pub message_key: Option<String>,
     pub reason: String,
     pub detail: String,
     pub attempts: i32,
@@ -171,7 +174,7 @@ status = 'FAILED'
 
 pub(crate) const SUMMARY_COLUMNS: &str =
     "id, consumer, topic, partition, \"offset\", message_id, reason, \
-                               detail, attempts, first_seen, last_seen";
+                               detail, attempts, first_seen, last_seen, message_key";
 
 pub(crate) const FAILED_COLUMNS: &str =
     "consumer, message_id, event_date, seq, ordering_key, attempts, \
@@ -190,6 +193,7 @@ pub(crate) fn summary(r: &tokio_postgres::Row) -> DeadLetterSummary {
         attempts: r.get(8),
         first_seen: r.get(9),
         last_seen: r.get(10),
+        message_key: r.get(11),
     }
 }
 
@@ -250,16 +254,16 @@ pub async fn dead_letter<C: GenericClient + Sync>(
     let Some(r) = client.query_opt(&sql, &[&id]).await? else {
         return Ok(None);
     };
-    let what: Option<String> = r.get(16);
+    let what: Option<String> = r.get(17);
     Ok(Some(DeadLetter {
         summary: summary(&r),
-        message: message(&r, 11),
+        message: message(&r, 12),
         resolution: what.map(|what| Resolution {
             what,
-            at: r.get(17),
-            by: r.get(18),
-            action: r.get(19),
-            redriven_to: r.get(20),
+            at: r.get(18),
+            by: r.get(19),
+            action: r.get(20),
+            redriven_to: r.get(21),
         }),
     }))
 }

@@ -209,6 +209,8 @@ struct Sorted<'a> {
     parked: Vec<Parked<'a>>,
     /// Per member: its parked records' reasons.
     reasons: Vec<Vec<crate::envelope::Reason>>,
+    /// Per member: its records passed over on purpose (skipped tombstones).
+    skipped: Vec<Vec<crate::envelope::Reason>>,
     candidates: Vec<&'a Envelope>,
     /// The member each candidate belongs to.
     owner: Vec<usize>,
@@ -220,6 +222,7 @@ fn sort(members: &[Member]) -> Sorted<'_> {
     let mut s = Sorted {
         parked: Vec::new(),
         reasons: vec![Vec::new(); members.len()],
+        skipped: vec![Vec::new(); members.len()],
         candidates: Vec::new(),
         owner: Vec::new(),
         repeated: vec![0; members.len()],
@@ -228,6 +231,7 @@ fn sort(members: &[Member]) -> Sorted<'_> {
     for (i, m) in members.iter().enumerate() {
         for rec in &m.batch.records {
             match &rec.decoded {
+                Err(rej) if rej.skip => s.skipped[i].push(rej.reason),
                 Err(rej) => {
                     s.parked.push(rec.raw.parked(&m.ctx.topic, rej, 1));
                     s.reasons[i].push(rej.reason);
@@ -343,6 +347,7 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
         candidates[o] += 1;
     }
     let mut reasons = sorted.reasons;
+    let mut skipped = sorted.skipped;
     Ok((members.iter().enumerate())
         .map(|(i, m)| {
             let first = i == 0;
@@ -358,6 +363,7 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
                     0
                 },
                 parked: std::mem::take(&mut reasons[i]),
+                skipped: std::mem::take(&mut skipped[i]),
                 retries: 0,
                 commits: u64::from(first),
                 phases: if first { phases } else { Phases::default() },

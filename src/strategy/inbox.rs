@@ -241,6 +241,7 @@ mod tests {
             partition: 0,
             offset: 0,
             message_id: uuid::Uuid::nil(),
+            message_key: None,
             event_date: chrono::NaiveDate::from_ymd_opt(2026, 12, 3).unwrap(),
             kafka_ts: None,
             key: key.map(bytes::Bytes::copy_from_slice),

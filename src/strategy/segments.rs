@@ -168,13 +168,10 @@ pub(crate) async fn drive(
                 Err(AttemptError::Reject(list)) => {
                     out.retries += 1;
                     for (idx, why) in list {
-                        let id = batch.records[idx]
-                            .decoded
-                            .as_ref()
-                            .ok()
-                            .map(|e| e.message_id);
                         let mut r = Rejection::new(Reason::HandlerRejected, why);
-                        r.message_id = id;
+                        if let Ok(env) = &batch.records[idx].decoded {
+                            r = r.for_envelope(env);
+                        }
                         rejected.insert(idx, (r, attempts as i32 + 1));
                     }
                 }
@@ -228,11 +225,9 @@ pub(crate) async fn drive(
                     };
                     let mut r =
                         Rejection::new(reason, format!("{text} (after {attempts} attempt(s))"));
-                    r.message_id = batch.records[idx]
-                        .decoded
-                        .as_ref()
-                        .ok()
-                        .map(|e| e.message_id);
+                    if let Ok(env) = &batch.records[idx].decoded {
+                        r = r.for_envelope(env);
+                    }
                     rejected.insert(idx, (r, attempts as i32));
                 }
             }
@@ -307,6 +302,7 @@ async fn attempt(
     let records = &batch.records[range.clone()];
     let mut parked = Vec::new();
     let mut parked_reasons = Vec::new();
+    let mut skipped = Vec::new();
     let mut candidates: Vec<&Envelope> = Vec::new();
     let mut candidate_idx: Vec<usize> = Vec::new();
     let mut candidate_raw: Vec<&Raw> = Vec::new();
@@ -320,6 +316,8 @@ async fn attempt(
             None => rec.decoded.as_ref().map_err(|r| (r, 1)),
         };
         match verdict {
+            // Passed over on purpose: the offset moves with this transaction, nothing else.
+            Err((rej, _)) if rej.skip => skipped.push(rej.reason),
             Err((rej, attempts)) => {
                 parked.push(rec.raw.parked(&ctx.topic, rej, attempts));
                 parked_reasons.push(rej.reason);
@@ -428,6 +426,7 @@ async fn attempt(
         prefilter_hits,
         business_duplicates: body_out.business_duplicates,
         parked: parked_reasons,
+        skipped,
         retries: 0,
         commits: 0,
         phases,

@@ -57,17 +57,18 @@ pub async fn dead_letter(
     let now = Utc::now();
     let (key, headers, payload, secrets) = message_views(&s, &d.message);
     let m = &d.summary;
+    let message_id = match (&m.message_id, &m.message_key) {
+        (Some(id), Some(text)) => format!("{id} (made from {text:?})"),
+        (Some(id), None) => id.to_string(),
+        (None, _) => "(none readable)".into(),
+    };
     let facts = vec![
         ("id", m.id.to_string()),
         ("consumer", m.consumer.clone()),
         ("topic", m.topic.clone()),
         ("partition", m.partition.to_string()),
         ("offset", m.offset.to_string()),
-        (
-            "message id",
-            m.message_id
-                .map_or_else(|| "(none readable)".into(), |u| u.to_string()),
-        ),
+        ("message id", message_id),
         ("reason", m.reason.clone()),
         ("attempts", m.attempts.to_string()),
         (
