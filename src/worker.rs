@@ -124,6 +124,14 @@ impl Worker {
             let days = retention_days(c.retention);
             retention::declare(&client, &c.name, days).await?;
             longest_retention = longest_retention.max(days);
+            let made_by = c.keys_made_by();
+            if let Some(before) = crate::store::keys::record(&client, &c.name, &made_by).await? {
+                tracing::warn!(consumer = %c.name, before = %before.made_by, since = %before.since,
+                    now = %made_by, retention_days = days,
+                    "this consumer's dedupe keys are now made another way: a copy of an event \
+                     applied before the change gets another key and will be applied again, until \
+                     the old keys pass retention");
+            }
         }
 
         let worker_id = config.worker_id();

@@ -353,6 +353,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?;
                 println!("  connect kafka: ok ({brokers} broker(s) in the metadata)");
                 let db = store::pool::connect_to(&config.database).await?;
+                for c in &config.consumers {
+                    key_drift(&db, c).await?;
+                }
                 let ssl: bool = db
                     .query_one(
                         "SELECT coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
@@ -626,4 +629,37 @@ fn kafka_security(k: &crate::config::KafkaConfig) -> String {
         );
     }
     out
+}
+
+/// Warns (`check-config --connect`) when a consumer's ledger holds keys made by other
+/// `message_id` / `event_date` settings than the file's (see [`store::keys`]).
+async fn key_drift<C: tokio_postgres::GenericClient + Sync>(
+    db: &C,
+    c: &crate::config::ConsumerConfig,
+) -> anyhow::Result<()> {
+    let now = c.keys_made_by();
+    // A database without V12 yet: nothing recorded, nothing to compare.
+    let migrated: Option<String> = db
+        .query_one("SELECT to_regclass('consumer_keys')::text", &[])
+        .await?
+        .get(0);
+    if migrated.is_none() {
+        return Ok(());
+    }
+    match store::keys::recorded(db, &c.name).await? {
+        Some(r) if r.made_by != now => println!(
+            "  WARNING consumer {:?}: its ledger's keys were made by {} (since {}); this file \
+             makes them by {now}. Copies of events applied before the change get other keys \
+             and would be applied again, until the old keys pass retention ({}). Keep the old \
+             settings unless such copies cannot arrive any more (docs/CONFIGURATION.md, \
+             \"Changing how keys are made\").",
+            c.name,
+            r.made_by,
+            r.since.to_rfc3339(),
+            humantime_serde::re::humantime::format_duration(c.retention)
+        ),
+        Some(_) => println!("  consumer {:?}: keys made as the ledger's", c.name),
+        None => println!("  consumer {:?}: no keys recorded yet (a first start)", c.name),
+    }
+    Ok(())
 }

@@ -98,6 +98,12 @@ fn default_rate_bp() -> u32 {
 }
 
 impl ConsumerConfig {
+    /// How this consumer makes its dedupe keys, as recorded in `consumer_keys`: the settings
+    /// that, changed, would give the same event another key.
+    pub fn keys_made_by(&self) -> String {
+        format!("message_id = {}, event_date = \"{}\"", self.message_id, self.event_date)
+    }
+
     /// The Kafka consumer group: `group` if set, else `name`.
     pub fn group_id(&self) -> &str {
         self.group.as_deref().unwrap_or(&self.name)

@@ -8,6 +8,7 @@ pub mod copy;
 pub mod dead_letters;
 pub mod dedupe;
 pub mod inbox;
+pub mod keys;
 pub mod migrate;
 pub mod notifications;
 pub mod offsets;
