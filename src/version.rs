@@ -435,6 +435,7 @@ mod tests {
             key: None,
             payload: bytes::Bytes::copy_from_slice(payload.as_bytes()),
             json: serde_json::from_str(payload).ok(),
+            cloudevent: None,
             size: payload.len(),
         }
     }

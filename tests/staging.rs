@@ -41,6 +41,7 @@ fn envelope(offset: i64) -> Envelope {
         size: payload.len() + 1,
         payload,
         json: None,
+        cloudevent: None,
     }
 }
 

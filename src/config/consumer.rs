@@ -27,6 +27,10 @@ pub struct ConsumerConfig {
     pub on_offset_out_of_range: OutOfRange,
     #[serde(default)]
     pub batch: BatchConfig,
+    /// How records are read: `plain` (the default) or `cloudevents` (CloudEvents 1.0, binary or
+    /// structured mode: the key is the event's source and id, the date its time).
+    #[serde(default)]
+    pub envelope: EnvelopeKind,
     /// Where the dedupe key comes from (see [`MessageIdConfig`]). Default `{ header = "event_id" }`.
     #[serde(default)]
     pub message_id: MessageIdConfig,
@@ -101,7 +105,13 @@ impl ConsumerConfig {
     /// How this consumer makes its dedupe keys, as recorded in `consumer_keys`: the settings
     /// that, changed, would give the same event another key.
     pub fn keys_made_by(&self) -> String {
-        format!("message_id = {}, event_date = \"{}\"", self.message_id, self.event_date)
+        match self.envelope {
+            EnvelopeKind::CloudEvents => "envelope = \"cloudevents\" (source and id, time)".into(),
+            EnvelopeKind::Plain => format!(
+                "message_id = {}, event_date = \"{}\"",
+                self.message_id, self.event_date
+            ),
+        }
     }
 
     /// The Kafka consumer group: `group` if set, else `name`.
@@ -273,6 +283,18 @@ impl fmt::Display for EventDateSource {
     }
 }
 
+/// How a consumer reads its records (`envelope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnvelopeKind {
+    /// The value is the message; its id and date come from `message_id` and `event_date`.
+    #[default]
+    Plain,
+    /// CloudEvents 1.0 over Kafka, binary or structured mode, detected per record.
+    #[serde(rename = "cloudevents")]
+    CloudEvents,
+}
+
 /// What a consumer does with a tombstone (a record whose value is null).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -435,6 +457,16 @@ impl ConsumerConfig {
                 "message_id.json_pointer {ptr:?} must start with \"/\""
             )),
             _ => {}
+        }
+        if self.envelope == EnvelopeKind::CloudEvents
+            && (self.message_id != MessageIdConfig::default()
+                || self.event_date != EventDateSource::Auto)
+        {
+            p.push(
+                "envelope = \"cloudevents\" takes the dedupe key from the event's source and id \
+                 and the date from its time: leave message_id and event_date out"
+                    .into(),
+            );
         }
         // A text id has no time in it, and the ledger's daily partition must come from the
         // event: the processing date would put a copy redelivered after midnight in another

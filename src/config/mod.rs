@@ -26,8 +26,8 @@ mod tls;
 mod version;
 pub use console::{check_addr as check_console_addr, ConsoleConfig, DEFAULT_CONSOLE_ADDR};
 pub use consumer::{
-    BatchConfig, ConsumerConfig, EventDateSource, HandlerConfig, OffsetReset, OnTombstone,
-    OutOfRange, RetryConfig, Strategy,
+    BatchConfig, ConsumerConfig, EnvelopeKind, EventDateSource, HandlerConfig, OffsetReset,
+    OnTombstone, OutOfRange, RetryConfig, Strategy,
 };
 pub use example::EXAMPLE;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};

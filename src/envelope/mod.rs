@@ -16,6 +16,7 @@
 //! everything after decoding (message ids, event dates, handlers, the SQL handler's `payload`)
 //! sees JSON whatever the topic's format.
 
+mod cloudevents;
 pub mod format;
 pub mod registry;
 mod rejection;
@@ -29,7 +30,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::config::{
-    EventDateSource, MessageIdConfig, MessageIdSource, OnTombstone, PayloadConfig, TemplatePart,
+    EnvelopeKind, EventDateSource, MessageIdConfig, MessageIdSource, OnTombstone, PayloadConfig,
+    TemplatePart,
 };
 use format::Kind;
 use registry::{Lookup, Registry, Unavailable};
@@ -77,6 +79,9 @@ pub struct Envelope {
     /// Some when the payload was parsed (needed for a pointer, for `Auto`, or by the handler), so
     /// the handler never parses it a second time.
     pub json: Option<Value>,
+    /// A CloudEvent's context attributes (`id`, `source`, `type`, `time`, extensions...) as a
+    /// JSON object, under `envelope = "cloudevents"`; the payload is then the event's data.
+    pub cloudevent: Option<Arc<Value>>,
     /// Key + payload + header bytes, for batch byte bounds.
     pub size: usize,
 }
@@ -112,6 +117,7 @@ impl Envelope {
             key: key.map(Bytes::copy_from_slice),
             payload,
             json,
+            cloudevent: None,
         })
     }
 }
@@ -129,6 +135,8 @@ pub struct Decoder {
     max_payload_bytes: usize,
     needs_json: bool,
     on_tombstone: OnTombstone,
+    /// `envelope = "cloudevents"`: the key is the event's source and id, the date its time.
+    cloudevents: bool,
     /// Set when the value or the key is read through a Schema Registry.
     registered: Option<Registered>,
 }
@@ -191,8 +199,15 @@ impl Decoder {
             max_payload_bytes,
             needs_json,
             on_tombstone: OnTombstone::Park,
+            cloudevents: false,
             registered: None,
         }
+    }
+
+    /// Reads every record as a CloudEvent (`envelope = "cloudevents"`, see [`cloudevents`]).
+    pub fn with_envelope(mut self, envelope: EnvelopeKind) -> Decoder {
+        self.cloudevents = envelope == EnvelopeKind::CloudEvents;
+        self
     }
 
     /// What a record with a null value becomes: parked (the default) or skipped.
@@ -252,6 +267,9 @@ impl Decoder {
     /// or oversized record is parked with its id. The payload is parsed at most once, and only
     /// when something needs it.
     pub fn decode(&self, raw: &RawRecord<'_>) -> Result<Envelope, Rejection> {
+        if self.cloudevents {
+            return self.decode_cloudevent(raw);
+        }
         // What can be read before the payload is (a header, a key taken as it is), so that even
         // an empty or oversized record is parked with its id.
         let early = match &self.message_id {
@@ -327,17 +345,7 @@ impl Decoder {
                 (Bytes::copy_from_slice(payload), json)
             }
         };
-        let (key, key_value) = match (
-            self.registered.as_ref().and_then(|r| r.key.map(|k| (r, k))),
-            raw.key,
-        ) {
-            (Some((r, kind)), Some(k)) => {
-                let value = registered(r, kind, k, "key").map_err(reject)?;
-                let bytes = serde_json::to_vec(&value).expect("a JSON value serialises");
-                (Some(Bytes::from(bytes)), Some(value))
-            }
-            (_, k) => (k.map(Bytes::copy_from_slice), None),
-        };
+        let (key, key_value) = self.record_key(raw.key).map_err(reject)?;
         let Key { id: message_id, text: message_key } = match early {
             Some(k) => k,
             None => self.late_key(raw, json.as_ref(), key_value.as_ref())?,
@@ -347,28 +355,105 @@ impl Decoder {
             .event_date(&message_id, json.as_ref())
             .map_err(|r| r.with_key(message_id, message_key.clone()))?;
 
-        let header_bytes: usize = raw
-            .headers
-            .iter()
-            .map(|(name, value)| name.len() + value.map_or(0, <[u8]>::len))
-            .sum();
-        let key_len = raw.key.map_or(0, <[u8]>::len);
-        let raw_len = raw.payload.map_or(0, <[u8]>::len);
-
         Ok(Envelope {
             partition: raw.partition,
             offset: raw.offset,
             message_id,
             message_key,
             event_date,
-            kafka_ts: raw
-                .timestamp_ms
-                .filter(|ms| *ms >= 0)
-                .and_then(DateTime::from_timestamp_millis),
+            kafka_ts: kafka_ts(raw),
             key,
             payload,
             json,
-            size: key_len + raw_len + header_bytes,
+            cloudevent: None,
+            size: record_size(raw),
+        })
+    }
+
+    /// The record key as handlers see it: through the registry when `key_format` says so
+    /// (then also its decoded value, for `{key}`), else its bytes.
+    fn record_key(&self, key: Option<&[u8]>) -> Result<(Option<Bytes>, Option<Value>), Rejection> {
+        match (self.registered.as_ref().and_then(|r| r.key.map(|k| (r, k))), key) {
+            (Some((r, kind)), Some(k)) => {
+                let value = registered(r, kind, k, "key")?;
+                let bytes = serde_json::to_vec(&value).expect("a JSON value serialises");
+                Ok((Some(Bytes::from(bytes)), Some(value)))
+            }
+            (_, k) => Ok((k.map(Bytes::copy_from_slice), None)),
+        }
+    }
+
+    /// [`Decoder::decode`] under `envelope = "cloudevents"`.
+    fn decode_cloudevent(&self, raw: &RawRecord<'_>) -> Result<Envelope, Rejection> {
+        let keyed = |event: &cloudevents::Event, r: Rejection| {
+            let text = event.key_text();
+            r.with_key(Uuid::new_v5(&KEY_NAMESPACE, text.as_bytes()), Some(text))
+        };
+        let Some(value) = raw.payload else {
+            let r = self.tombstone();
+            return Err(match cloudevents::read(raw.headers, None) {
+                Ok(event) => keyed(&event, r),
+                Err(_) => r,
+            });
+        };
+        if value.len() > self.max_payload_bytes {
+            return Err(Rejection::new(
+                Reason::OversizedPayload,
+                format!(
+                    "payload of {} bytes exceeds the limit of {}",
+                    value.len(),
+                    self.max_payload_bytes
+                ),
+            ));
+        }
+        let event = cloudevents::read(raw.headers, Some(value))?;
+        let reject = |r: Rejection| keyed(&event, r);
+        let event_date = event.date().map_err(reject)?;
+        let data = match &event.data {
+            Some(d) if !d.is_empty() => d.as_slice(),
+            _ => {
+                return Err(reject(Rejection::new(
+                    Reason::EmptyPayload,
+                    "the CloudEvent has no data for the handler",
+                )))
+            }
+        };
+        let (payload, json) = match self.registered.as_ref().and_then(|r| r.value.map(|k| (r, k))) {
+            Some(_) if !event.binary => {
+                return Err(reject(Rejection::new(
+                    Reason::NotWireFormat,
+                    "a structured CloudEvent's data is JSON, not the registry's wire format: \
+                     send CloudEvents in binary mode to a consumer with a registry format",
+                )))
+            }
+            Some((r, kind)) => {
+                let value = registered(r, kind, data, "value").map_err(reject)?;
+                let text = serde_json::to_vec(&value).expect("a JSON value serialises");
+                (Bytes::from(text), Some(value))
+            }
+            None if self.needs_json => {
+                let json = parse_object(data).map_err(|r| reject(Rejection {
+                    detail: r.detail.replacen("payload", "the CloudEvent's data", 1),
+                    ..r
+                }))?;
+                (Bytes::copy_from_slice(data), Some(json))
+            }
+            None => (Bytes::copy_from_slice(data), None),
+        };
+        let (key, _) = self.record_key(raw.key).map_err(reject)?;
+        let text = event.key_text();
+        Ok(Envelope {
+            partition: raw.partition,
+            offset: raw.offset,
+            message_id: Uuid::new_v5(&KEY_NAMESPACE, text.as_bytes()),
+            message_key: Some(text),
+            event_date,
+            kafka_ts: kafka_ts(raw),
+            key,
+            payload,
+            json,
+            cloudevent: Some(Arc::new(Value::Object(event.attributes))),
+            size: record_size(raw),
         })
     }
 
@@ -542,6 +627,21 @@ impl Decoder {
             },
         }
     }
+}
+
+/// The record's timestamp, when it has a sensible one.
+fn kafka_ts(raw: &RawRecord<'_>) -> Option<DateTime<Utc>> {
+    raw.timestamp_ms
+        .filter(|ms| *ms >= 0)
+        .and_then(DateTime::from_timestamp_millis)
+}
+
+/// Key, value and header bytes, for the batch's byte bound.
+fn record_size(raw: &RawRecord<'_>) -> usize {
+    let headers: usize = (raw.headers.iter())
+        .map(|(name, value)| name.len() + value.map_or(0, <[u8]>::len))
+        .sum();
+    raw.key.map_or(0, <[u8]>::len) + raw.payload.map_or(0, <[u8]>::len) + headers
 }
 
 /// Decodes a value or key in the wire format with its (already looked up) schema.

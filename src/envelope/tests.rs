@@ -350,3 +350,86 @@ fn reasons_are_stable_and_distinct() {
     assert_eq!(r.to_string(), "missing_field: no amount");
     assert_eq!(uuid7_date(&Uuid::new_v4()), None);
 }
+
+fn cloudevents(needs_json: bool) -> Decoder {
+    by_header(D::Auto, needs_json).with_envelope(crate::config::EnvelopeKind::CloudEvents)
+}
+
+#[test]
+fn cloudevents_binary_and_structured_are_one_event() {
+    let d = cloudevents(true);
+    let data = br#"{"payment_id":"pay_42","amount_paise":1000}"#;
+    let binary = [
+        ("ce_specversion", Some(&b"1.0"[..])),
+        ("ce_id", Some(&b"evt_1"[..])),
+        ("ce_source", Some(&b"/billing"[..])),
+        ("ce_type", Some(&b"payment.succeeded"[..])),
+        ("ce_time", Some(&b"2026-12-07T10:00:00+05:30"[..])),
+        ("ce_traceid", Some(&b"abc"[..])),
+        ("content-type", Some(&b"application/json"[..])),
+    ];
+    let b = d.decode(&raw(&binary, Some(data))).unwrap();
+    assert_eq!(&b.payload[..], data);
+    assert_eq!(b.json.as_ref().unwrap()["amount_paise"], 1000);
+    assert_eq!(b.event_date, date("2026-12-07"));
+    assert_eq!(b.message_key.as_deref(), Some(r#"["/billing","evt_1"]"#));
+    let attrs = b.cloudevent.as_ref().unwrap();
+    assert_eq!((attrs["type"].as_str(), attrs["traceid"].as_str()), (Some("payment.succeeded"), Some("abc")));
+    assert_eq!(attrs["datacontenttype"], "application/json");
+
+    let body = br#"{"specversion":"1.0","id":"evt_1","source":"/billing","type":"payment.succeeded",
+        "time":"2026-12-07T04:30:00Z","datacontenttype":"application/json",
+        "data":{"payment_id":"pay_42","amount_paise":1000}}"#;
+    let structured = [("content-type", Some(&b"application/cloudevents+json; charset=utf-8"[..]))];
+    let s = d.decode(&raw(&structured, Some(body))).unwrap();
+    assert_eq!(s.message_id, b.message_id, "one source and id: one key, whatever the mode");
+    assert_eq!(s.json, b.json);
+    assert!(s.cloudevent.as_ref().unwrap().get("data").is_none());
+
+    // The same id from another source is another event.
+    let other = body.to_vec();
+    let other = String::from_utf8(other).unwrap().replace("/billing", "/refunds");
+    let o = d.decode(&raw(&structured, Some(other.as_bytes()))).unwrap();
+    assert_ne!(o.message_id, b.message_id);
+
+    // data_base64 is the data's bytes.
+    let b64 = br#"{"specversion":"1.0","id":"2","source":"s","type":"t","time":"2026-12-07T00:00:00Z",
+        "data_base64":"eyJhIjoxfQ=="}"#;
+    let e = d.decode(&raw(&structured, Some(b64))).unwrap();
+    assert_eq!(&e.payload[..], br#"{"a":1}"#);
+}
+
+#[test]
+fn cloudevents_bad_input_is_parked_with_its_reason() {
+    let d = cloudevents(true);
+    let structured = [("content-type", Some(&b"application/cloudevents+json"[..]))];
+    let event = |fields: &str| format!(r#"{{"specversion":"1.0","type":"t",{fields}}}"#);
+    let cases = [
+        (event(r#""id":"1","source":"s","data":{}"#), R::NoEventDate, "time"),
+        (event(r#""source":"s","time":"2026-12-07T00:00:00Z","data":{}"#), R::MissingEventId, "no id"),
+        (event(r#""id":"1","source":"","time":"2026-12-07T00:00:00Z","data":{}"#), R::MissingEventId, "source is empty"),
+        (event(r#""id":"1","source":"s","time":"yesterday","data":{}"#), R::InvalidEventDate, "time"),
+        (event(r#""id":"1","source":"s","time":"2026-12-07T00:00:00Z""#), R::EmptyPayload, "no data"),
+        (event(r#""id":"1","source":"s","time":"2026-12-07T00:00:00Z","data":[1]"#), R::UndecodablePayload, "data"),
+        ("[1,2]".into(), R::UndecodablePayload, "JSON object"),
+    ];
+    for (body, reason, says) in cases {
+        let r = d.decode(&raw(&structured, Some(body.as_bytes()))).unwrap_err();
+        assert_eq!(r.reason, reason, "{body}: {}", r.detail);
+        assert!(r.detail.contains(says), "{body}: {}", r.detail);
+    }
+    // Once source and id are read, a parked event carries its key.
+    let r = d.decode(&raw(&structured, Some(cases_missing_time().as_bytes()))).unwrap_err();
+    assert_eq!(r.message_key.as_deref(), Some(r#"["s","1"]"#));
+    let batch = [("content-type", Some(&b"application/cloudevents-batch+json"[..]))];
+    let r = d.decode(&raw(&batch, Some(b"[]"))).unwrap_err();
+    assert!(r.detail.contains("batched"), "{}", r.detail);
+    // A plain record on a CloudEvents consumer.
+    let r = d.decode(&raw(&[], Some(b"{}"))).unwrap_err();
+    assert_eq!(r.reason, R::MissingEventId);
+    assert!(r.detail.contains("not a CloudEvent"), "{}", r.detail);
+}
+
+fn cases_missing_time() -> String {
+    r#"{"specversion":"1.0","type":"t","id":"1","source":"s","data":{}}"#.into()
+}

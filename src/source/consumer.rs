@@ -203,6 +203,7 @@ impl Source {
                 self.handler.needs_json() || self.config.version.is_some(),
             )
             .with_tombstones(self.config.on_tombstone)
+            .with_envelope(self.config.envelope)
             .with_payload(&self.config.payload)
             .map_err(|reason| SourceError::Fatal {
                 consumer: self.config.name.clone(),

@@ -29,11 +29,12 @@ CREATE TEMP TABLE IF NOT EXISTS staged_messages (
     fresh      boolean     NOT NULL DEFAULT false,
     aggregate  text,
     version    bigint,
-    stored_version bigint
+    stored_version bigint,
+    ce         jsonb
 ) ON COMMIT DELETE ROWS;
 CREATE OR REPLACE TEMP VIEW fresh_messages AS
     SELECT seq, message_id, event_date, partition, \"offset\", kafka_ts, key, payload,
-           aggregate, version, stored_version
+           aggregate, version, stored_version, ce
     FROM staged_messages WHERE fresh;";
 
 /// The inbox receiver's staging table (see [`crate::store::inbox`]), created by the first
@@ -61,9 +62,9 @@ CREATE TEMP TABLE staged_inbox (
 END IF; END $$";
 
 const COPY_IN: &str = "COPY staged_messages (seq, message_id, event_date, partition, \"offset\", \
-    kafka_ts, key, payload, fresh, aggregate, version, stored_version) FROM STDIN BINARY";
+    kafka_ts, key, payload, fresh, aggregate, version, stored_version, ce) FROM STDIN BINARY";
 
-const TYPES: [Type; 12] = [
+const TYPES: [Type; 13] = [
     Type::INT4,
     Type::UUID,
     Type::DATE,
@@ -76,6 +77,7 @@ const TYPES: [Type; 12] = [
     Type::TEXT,
     Type::INT8,
     Type::INT8,
+    Type::JSONB,
 ];
 
 /// A payload already validated as JSON, sent as `jsonb` without re-serialising it
@@ -106,6 +108,7 @@ impl ToSql for RawJson<'_> {
 /// costs nothing. `fresh` is the rows' initial mark: `false` when the dedupe insert decides,
 /// `true` when the caller already inserted the key (the per-message strategy). `versions`
 /// (under `[consumer.version]`) fills the view's `aggregate`, `version` and `stored_version`.
+/// A CloudEvent's attributes fill `ce` when the payload is sent.
 pub async fn stage(
     tx: &Transaction<'_>,
     rows: &[&Envelope],
@@ -152,6 +155,10 @@ pub fn encode(
         let aggregate = v.map(|v| v.aggregate.as_str());
         let version = v.map(|v| v.version);
         let stored = v.and_then(|v| v.stored);
+        let ce = (env.cloudevent.as_deref())
+            .filter(|_| with_payload)
+            .map(|attrs| serde_json::to_vec(attrs).expect("a JSON value serialises"));
+        let ce = ce.as_deref().map(RawJson);
         put_row(
             &mut buf,
             &[
@@ -167,6 +174,7 @@ pub fn encode(
                 (&aggregate, &TYPES[9]),
                 (&version, &TYPES[10]),
                 (&stored, &TYPES[11]),
+                (&ce, &TYPES[12]),
             ],
         );
     }
@@ -222,20 +230,28 @@ mod tests {
             key: None,
             payload: bytes::Bytes::from_static(b"{}"),
             json: None,
+            cloudevent: None,
             size: 2,
         };
         let b = encode(&[&env, &env], false, false, None);
         assert!(b.starts_with(b"PGCOPY\n\xff\r\n\0"));
         assert_eq!(&b[b.len() - 2..], &(-1i16).to_be_bytes());
         // header 19; per row: field count 2 + 9 length words 36 + int4 4 + uuid 16 + date 4 +
-        // int4 4 + int8 8 + bool 1 (kafka_ts, key, payload and the three version columns NULL)
-        // plus 3 more length words 12 = 87; trailer 2.
-        assert_eq!(b.len(), 19 + 2 * 87 + 2);
+        // int4 4 + int8 8 + bool 1 (kafka_ts, key, payload, the three version columns and ce
+        // NULL) plus 4 more length words 16 = 91; trailer 2.
+        assert_eq!(b.len(), 19 + 2 * 91 + 2);
         let with_payload = encode(&[&env], true, true, None);
         assert_eq!(
             with_payload.len(),
-            19 + 87 + 3 + 2,
+            19 + 91 + 3 + 2,
             "jsonb: version byte + 2 bytes"
         );
+        let ce = Envelope {
+            cloudevent: Some(std::sync::Arc::new(serde_json::json!({"id": "1"}))),
+            ..env.clone()
+        };
+        assert_eq!(encode(&[&ce], false, true, None).len(), 19 + 91 + 2, "ce only with the payload");
+        let attrs = br#"{"id":"1"}"#.len();
+        assert_eq!(encode(&[&ce], true, true, None).len(), 19 + 91 + 3 + 1 + attrs + 2);
     }
 }

@@ -247,6 +247,7 @@ mod tests {
             key: key.map(bytes::Bytes::copy_from_slice),
             payload: bytes::Bytes::copy_from_slice(payload.as_bytes()),
             json: None,
+            cloudevent: None,
             size: 0,
         }
     }
