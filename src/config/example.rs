@@ -65,8 +65,10 @@ strategy = "batch"          # or "per-message", or "inbox" (see the last consume
 handler = { kind = "cashback", rate_bp = 200 }
 auto_offset_reset = "earliest"   # only for partitions PostgreSQL has no offset for
 on_offset_out_of_range = "stop"  # a stored offset outside the log: "stop", "earliest" or "latest"
-message_id = { header = "event_id" }   # or { json_pointer = "/event_id" }; a UUID
+message_id = { header = "event_id" }   # or { json_pointer = "/event_id" }; a UUID unless
+                            # any_string = true; or "key", or { template = "{/id}:{/status}" }
 event_date = "auto"         # "/occurred_at" if present, else the UUIDv7 id's time
+on_tombstone = "park"       # a record with a null value: "park" or "skip" (counted, passed over)
 max_payload_bytes = 1048576 # bigger payloads are parked as oversized
 retention = "15days"        # how long a duplicate is still recognised
 future_tolerance = "1day"   # events dated further ahead are parked
