@@ -52,7 +52,8 @@ DEBUG_FEATURES := --features effectively/failpoints
 # subset (and its hard bounce under the inbox strategy and with commit groups), a short
 # out-of-order order-status stream (versioned writes, full-state and delta), a short demo run
 # (10 s at 500 msg/s) that must verify, its outbox walk, and 10 s of it in Avro through the
-# registry (loadgen's serializers against the engine's decoding), then one short failover
+# registry (loadgen's serializers against the engine's decoding), 10 s of CloudEvents with
+# Stripe-like ids (binary and structured copies of one event), then one short failover
 # scenario on the cluster stack (an asynchronous standby promoted without the primary's last
 # commits: nothing lost) and the cluster stopped again.
 test: up lint monitoring-check deploy-check migrate
@@ -67,12 +68,14 @@ test: up lint monitoring-check deploy-check migrate
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
 	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_VIA_OUTBOX=1 scripts/demo.sh
 	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_FORMAT=avro scripts/demo.sh
+	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_IDS=stripe DEMO_ENVELOPE=cloudevents scripts/demo.sh
 	$(MAKE) --no-print-directory cluster-up
 	status=0; $(WITH_CLUSTER) target/debug/loadgen chaos-cluster --quick || status=1; \
 	$(CLUSTER) down; exit $$status
 
 # Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
-# half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE, DEMO_VIA_OUTBOX change it;
+# half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE, DEMO_VIA_OUTBOX,
+# DEMO_IDS=stripe and DEMO_ENVELOPE=cloudevents change it;
 # DEMO_FORMAT=avro (protobuf, json-schema) writes Schema Registry payloads, starting the registry.
 demo: up
 	scripts/demo.sh

@@ -59,6 +59,21 @@ esac
 if [ "$FORMAT" != json ] && [ "$VIA_OUTBOX" = 1 ]; then
   echo "DEMO_VIA_OUTBOX=1 writes JSON outbox rows: it takes DEMO_FORMAT=json only" >&2; exit 2
 fi
+# Event ids as UUIDv7 (the default) or Stripe-like text; records plain or as CloudEvents
+# (docs/CONFIGURATION.md, "Message ids" and "CloudEvents").
+IDS=${DEMO_IDS:-uuid}
+case "$IDS" in
+  uuid | stripe) ;;
+  *) echo "DEMO_IDS must be uuid or stripe, not $IDS" >&2; exit 2 ;;
+esac
+ENVELOPE=${DEMO_ENVELOPE:-plain}
+case "$ENVELOPE" in
+  plain | cloudevents) ;;
+  *) echo "DEMO_ENVELOPE must be plain or cloudevents, not $ENVELOPE" >&2; exit 2 ;;
+esac
+if { [ "$IDS" != uuid ] || [ "$ENVELOPE" != plain ]; } && { [ "$FORMAT" != json ] || [ "$VIA_OUTBOX" = 1 ]; }; then
+  echo "DEMO_IDS=stripe and DEMO_ENVELOPE=cloudevents take DEMO_FORMAT=json without DEMO_VIA_OUTBOX" >&2; exit 2
+fi
 RUN=$(date +%Y%m%d%H%M%S)-$$
 TOPIC=demo-payments-$RUN
 CONSUMER=rewards-demo-$RUN
@@ -106,6 +121,13 @@ registry = \"$SCHEMA_REGISTRY_URL\""
 fi
 # DEMO_ASSIGNOR (e.g. "range,roundrobin", the eager protocol) replaces the engine's
 # cooperative-sticky assignment, to compare rebalances side by side.
+KEY_TOML=
+if [ "$ENVELOPE" = cloudevents ]; then
+  KEY_TOML='envelope = "cloudevents"'
+elif [ "$IDS" = stripe ]; then
+  KEY_TOML='message_id = { header = "event_id", any_string = true }
+event_date = "/occurred_at"'
+fi
 ASSIGNOR_TOML=
 if [ -n "${DEMO_ASSIGNOR:-}" ]; then
   ASSIGNOR_TOML="\"partition.assignment.strategy\" = \"$DEMO_ASSIGNOR\""
@@ -123,6 +145,7 @@ name = "$CONSUMER"
 topics = ["$TOPIC"]
 handler = { kind = "cashback", rate_bp = 200 }
 strategy = "$STRATEGY"
+$KEY_TOML
 $PAYLOAD_TOML
 TOML
 
@@ -254,7 +277,7 @@ else
 fi
 say "loadgen: $RATE/s for ${SECONDS_}s, $MIX ($STRATEGY strategy, $FORMAT payloads)"
 "$BIN/loadgen" --topic "$TOPIC" --partitions "$PARTITIONS" --consumer "$CONSUMER" \
-  --rate "$RATE" --duration "${SECONDS_}s" "${PATH_ARGS[@]}" --format "$FORMAT" --redrive-rate 0.01 \
+  --rate "$RATE" --duration "${SECONDS_}s" "${PATH_ARGS[@]}" --format "$FORMAT" --ids "$IDS" --envelope "$ENVELOPE" --redrive-rate 0.01 \
   --redrive-delay "$((SECONDS_ / 4 + 1))s" --double-tap-rate 0.01 --poison-rate 0.001 \
   --report-dir target/loadgen ${DEMO_LOADGEN_ARGS:-} &
 LOADGEN=$!

@@ -49,10 +49,19 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
         );
         session = session.via_outbox(&spec.database_url).await?;
     }
+    let plain = args.envelope == produce::shape::Envelope::Plain
+        && args.ids == produce::shape::Ids::Uuid;
+    anyhow::ensure!(
+        plain || (args.format == Format::Json && !args.via_outbox),
+        "--envelope cloudevents and --ids stripe write JSON records straight to the topic: not \
+         with --via-outbox (the relay sets its own event ids) or a registry --format (its \
+         schemas take UUID event ids)"
+    );
     let registry = args.schema_registry.as_deref();
     session = session
         .in_format(args.format, registry, &spec.topic)
-        .await?;
+        .await?
+        .shaped(args.ids, args.envelope);
     if let Some(w) = &session.wire {
         eprintln!(
             "loadgen: {} payments, schema id {} (subject {}-value at {})",

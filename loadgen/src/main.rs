@@ -125,6 +125,15 @@ struct Args {
     /// The producer's compression codec (`compression.type`): the engine reads them all.
     #[arg(long, value_enum, default_value = "none")]
     compression: session::Compression,
+    /// Event ids: uuid (UUIDv7), or stripe (`evt_` and 32 hex digits: the consumer needs
+    /// `message_id = { header = "event_id", any_string = true }` and `event_date = "/occurred_at"`).
+    #[arg(long, value_enum, default_value = "uuid")]
+    ids: produce::shape::Ids,
+    /// Records: plain (an `event_id` header, the payment as the value), or cloudevents
+    /// (CloudEvents 1.0: originals and double taps in binary mode, resends and redrives in
+    /// structured mode; the consumer needs `envelope = "cloudevents"`).
+    #[arg(long, value_enum, default_value = "plain")]
+    envelope: produce::shape::Envelope,
 }
 
 #[derive(Debug, Parser)]

@@ -50,6 +50,9 @@ pub struct Session {
     pub outbox: Option<outbox::Writer>,
     /// Set by [`Session::in_format`]: records are written in a registry format.
     pub wire: Option<wire::Serializer>,
+    /// Set by [`Session::shaped`]: how event ids look and how records wrap payments.
+    pub ids: crate::produce::shape::Ids,
+    pub envelope: crate::produce::shape::Envelope,
 }
 
 impl Session {
@@ -94,7 +97,20 @@ impl Session {
             brokers: brokers.to_string(),
             outbox: None,
             wire: None,
+            ids: Default::default(),
+            envelope: Default::default(),
         })
+    }
+
+    /// Event ids as `ids` says, records wrapped as `envelope` says (`--ids`, `--envelope`).
+    pub fn shaped(
+        mut self,
+        ids: crate::produce::shape::Ids,
+        envelope: crate::produce::shape::Envelope,
+    ) -> Session {
+        self.ids = ids;
+        self.envelope = envelope;
+        self
     }
 
     /// Payments (and double taps) are written to the `outbox` table from now on.

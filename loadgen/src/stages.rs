@@ -90,6 +90,8 @@ pub async fn produce_stage_with(
         topic: spec.topic.clone(),
         users: spec.users,
         started: Instant::now(),
+        ids: session.ids,
+        envelope: session.envelope,
     };
     let started_at = chrono::Utc::now();
     let offered = plan_summary(&spec.plan);

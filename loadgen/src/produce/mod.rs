@@ -22,6 +22,7 @@
 //! format (Avro, Protobuf, JSON Schema) [`wire`] encodes them.
 
 mod records;
+pub mod shape;
 pub mod wire;
 
 use std::collections::VecDeque;
@@ -140,6 +141,10 @@ pub struct Run {
     pub topic: String,
     pub users: u64,
     pub started: Instant,
+    /// How event ids look (`--ids`).
+    pub ids: shape::Ids,
+    /// How records wrap their payments (`--envelope`).
+    pub envelope: shape::Envelope,
 }
 
 impl Run {
@@ -211,6 +216,10 @@ pub async fn produce(
         let topic = run.topic.clone();
         let progress = Arc::clone(&progress);
         let started = run.started;
+        let rec = match run.envelope {
+            shape::Envelope::Plain => rec,
+            shape::Envelope::CloudEvents => shape::as_cloudevent(run, rec),
+        };
         Either::Left(async move {
             let mut headers = OwnedHeaders::new();
             if let Some(id) = &rec.event_id {
@@ -223,6 +232,12 @@ pub async fn produce(
                 headers = headers.insert(Header {
                     key: "event_type",
                     value: Some(t.as_bytes()),
+                });
+            }
+            for (key, value) in &rec.headers {
+                headers = headers.insert(Header {
+                    key,
+                    value: Some(value.as_bytes()),
                 });
             }
             let record = FutureRecord::to(&topic)
@@ -492,6 +507,8 @@ mod tests {
             topic: "x".into(),
             users: 10,
             started: Instant::now(),
+            ids: Default::default(),
+            envelope: Default::default(),
         };
         let mix = Mix {
             resend: 1.0,
@@ -529,6 +546,8 @@ mod tests {
             topic: "x".into(),
             users: 10,
             started: Instant::now(),
+            ids: Default::default(),
+            envelope: Default::default(),
         };
         let mix = Mix {
             resend: 0.0,

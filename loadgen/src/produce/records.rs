@@ -11,6 +11,8 @@ pub(super) struct Record {
     pub(super) event_id: Option<String>,
     /// The `event_type` header, as the relay sets it (only on a redrive of an outbox row).
     pub(super) event_type: Option<&'static str>,
+    /// More headers (a CloudEvent's, see [`super::shape`]).
+    pub(super) headers: Vec<(&'static str, String)>,
     pub(super) sent: Sent,
 }
 
@@ -39,11 +41,11 @@ pub(super) fn draw(
     let user_id = format!("u_{}_{}", run.id, rng.u64(0..run.users.max(1)));
     let payment_id = format!("{}{n}", run.payment_prefix());
     let amount_paise = 100 * rng.i64(1..=5_000);
-    let original = payment_record(&payment_id, &user_id, amount_paise, Kind::Original);
+    let original = payment_record(run, &payment_id, &user_id, amount_paise, Kind::Original);
     let resend = (rng.f64() < mix.resend).then(|| copy_as(&original, Kind::Resend));
     let redrive = (rng.f64() < mix.redrive).then(|| copy_as(&original, Kind::Redrive));
     let double_tap = (rng.f64() < mix.double_tap)
-        .then(|| payment_record(&payment_id, &user_id, amount_paise, Kind::DoubleTap));
+        .then(|| payment_record(run, &payment_id, &user_id, amount_paise, Kind::DoubleTap));
     let poison = (rng.f64() < mix.poison).then(|| match registry {
         false => poison(run, n, &user_id, rng.bool()),
         true => registry_poison(run, n, &user_id, rng.bool()),
@@ -57,14 +59,22 @@ pub(super) fn draw(
     }
 }
 
-fn payment_record(payment_id: &str, user_id: &str, amount_paise: i64, kind: Kind) -> Record {
+fn payment_record(
+    run: &Run,
+    payment_id: &str,
+    user_id: &str,
+    amount_paise: i64,
+    kind: Kind,
+) -> Record {
     let event_id = uuid::Uuid::now_v7();
-    let payload = payment_json(event_id, payment_id, user_id, amount_paise);
+    let text = run.ids.text(event_id);
+    let payload = payment_json(&text, payment_id, user_id, amount_paise);
     Record {
         key: user_id.to_string(),
         payload,
-        event_id: Some(event_id.to_string()),
+        event_id: Some(text),
         event_type: None,
+        headers: Vec::new(),
         sent: Sent {
             kind,
             payment_id: Some(payment_id.to_string()),
@@ -80,7 +90,7 @@ fn payment_record(payment_id: &str, user_id: &str, amount_paise: i64, kind: Kind
 }
 
 /// The JSON demo's payment object: what the engine's registry formats decode into too.
-fn payment_json(event_id: Uuid, payment_id: &str, user_id: &str, amount_paise: i64) -> Vec<u8> {
+fn payment_json(event_id: &str, payment_id: &str, user_id: &str, amount_paise: i64) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "event_id": event_id,
         "payment_id": payment_id,
@@ -97,6 +107,7 @@ fn copy_as(r: &Record, kind: Kind) -> Record {
         payload: r.payload.clone(),
         event_id: r.event_id.clone(),
         event_type: r.event_type,
+        headers: r.headers.clone(),
         sent: Sent {
             kind,
             ..r.sent.clone()
@@ -159,6 +170,7 @@ fn poison_record(user_id: &str, kind: Kind, payload: Vec<u8>, event_id: Option<U
         payload,
         event_id: event_id.map(|id| id.to_string()),
         event_type: None,
+        headers: Vec::new(),
     }
 }
 
@@ -184,10 +196,10 @@ fn registry_poison(run: &Run, n: u64, user_id: &str, undecodable: bool) -> Recor
         (false, _) => {
             let payment_id = format!("poison_{}_{n}", run.id);
             if n % 2 == 1 {
-                let payload = payment_json(event_id, &payment_id, user_id, 100);
+                let payload = payment_json(&event_id.to_string(), &payment_id, user_id, 100);
                 (payload, None, Kind::PoisonNoEventId)
             } else {
-                let payload = payment_json(event_id, &payment_id, user_id, -100);
+                let payload = payment_json(&event_id.to_string(), &payment_id, user_id, -100);
                 (payload, Some(event_id), Kind::PoisonBadField)
             }
         }

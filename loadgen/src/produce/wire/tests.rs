@@ -30,6 +30,8 @@ fn run() -> Run {
         topic: format!("loadgen-wire-{:08x}", fastrand::u32(..)),
         users: 10,
         started: Instant::now(),
+        ids: Default::default(),
+        envelope: Default::default(),
     }
 }
 
