@@ -20,6 +20,8 @@ pub struct Stats {
     pub business_duplicates: AtomicU64,
     pub below_stored_offset: AtomicU64,
     pub parked: AtomicU64,
+    /// Records passed over on purpose (skipped tombstones).
+    pub skipped: AtomicU64,
     pub retries: AtomicU64,
     pub commits: AtomicU64,
     pub batches: AtomicU64,
@@ -49,6 +51,7 @@ pub struct Snapshot {
     pub business_duplicates: u64,
     pub below_stored_offset: u64,
     pub parked: u64,
+    pub skipped: u64,
     pub retries: u64,
     pub commits: u64,
     pub batches: u64,
@@ -68,6 +71,7 @@ impl Stats {
         self.business_duplicates
             .fetch_add(o.business_duplicates, Relaxed);
         self.parked.fetch_add(o.parked.len() as u64, Relaxed);
+        self.skipped.fetch_add(o.skipped.len() as u64, Relaxed);
         self.retries.fetch_add(o.retries, Relaxed);
         self.commits.fetch_add(o.commits, Relaxed);
         self.batches.fetch_add(1, Relaxed);
@@ -129,6 +133,7 @@ impl Stats {
             business_duplicates: self.business_duplicates.load(Relaxed),
             below_stored_offset: self.below_stored_offset.load(Relaxed),
             parked: self.parked.load(Relaxed),
+            skipped: self.skipped.load(Relaxed),
             retries: self.retries.load(Relaxed),
             commits: self.commits.load(Relaxed),
             batches: self.batches.load(Relaxed),

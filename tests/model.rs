@@ -128,6 +128,8 @@ struct Pay {
     payment_id: String,
     user_id: String,
     amount_paise: i64,
+    /// The event's date (its `occurred_at`), part of its outbox row's id.
+    event_date: chrono::NaiveDate,
 }
 
 /// One record of the in-memory log.
@@ -486,6 +488,7 @@ async fn apply(sut: &mut Sut, model: &mut Model, op: &Op, stats: &Stats) -> Resu
                         payment_id: pay.payment_id.clone(),
                         user_id: pay.user_id.clone(),
                         amount_paise: amount,
+                        event_date: pay.occurred_at.date_naive(),
                     },
                 );
                 model.produced.push((*p, model.logs[*p].len()));
@@ -882,7 +885,8 @@ async fn check_invariants(sut: &Sut, model: &Model) -> Result<(), String> {
     }
 
     // Outbox: one CashbackCredited per applied payment.
-    let all_outbox: Vec<Uuid> = model.payments.keys().map(outbox_id).collect();
+    let outbox_of = |e: &Uuid| outbox_id(&consumer, model.payments[e].event_date, e);
+    let all_outbox: Vec<Uuid> = model.payments.keys().map(outbox_of).collect();
     let outbox: BTreeSet<Uuid> = db
         .query("SELECT id FROM outbox WHERE id = ANY($1)", &[&all_outbox])
         .await
@@ -890,7 +894,7 @@ async fn check_invariants(sut: &Sut, model: &Model) -> Result<(), String> {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let expected_outbox: BTreeSet<Uuid> = applied.iter().map(outbox_id).collect();
+    let expected_outbox: BTreeSet<Uuid> = applied.iter().map(outbox_of).collect();
     check_eq!(outbox, expected_outbox, "outbox rows");
 
     // Dedupe keys: exactly the distinct event ids below the stored offsets.

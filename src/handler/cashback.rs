@@ -54,15 +54,17 @@ WITH input AS (
     FROM credited c JOIN input i ON i.event_id = c.event_id
     ORDER BY i.outbox_id
 ), notified AS (
-    -- With `notify`: the SMS that tells the user, as an intent the sender delivers later.
+    -- With `notify`: the SMS that tells the user, as an intent the sender delivers later. Its
+    -- id is the credit's outbox id: unique per consumer, event date and message id, as the
+    -- dedupe key is (a message id alone is not, once ids are text: two consumers' order-77).
     INSERT INTO notifications (event_id, channel, payload)
-    SELECT c.event_id, $11::text,
+    SELECT i.outbox_id, $11::text,
            jsonb_build_object('to', c.user_id, 'payment_id', c.payment_id,
                               'cashback_paise', c.cashback_paise,
                               'text', 'Cashback of ' || c.cashback_paise || ' paise credited for '
                                       || c.payment_id)
-    FROM credited c WHERE $11::text IS NOT NULL
-    ORDER BY c.event_id
+    FROM credited c JOIN input i ON i.event_id = c.event_id WHERE $11::text IS NOT NULL
+    ORDER BY i.outbox_id
     ON CONFLICT DO NOTHING
 )
 SELECT count(*) FROM credited";
@@ -160,8 +162,10 @@ pub fn cashback_paise(amount_paise: i64, rate_bp: i32) -> i64 {
     (amount_paise as i128 * rate_bp as i128 / 10_000) as i64
 }
 
-/// The outbox row's id for the payment event `event_id`: a name-based (v5) UUID of it, so the
-/// same event always yields the same id. When the event id is a UUIDv7, the outbox id keeps its
+/// The outbox row's id for the payment event `event_id` of `consumer`, dated `event_date`: a
+/// name-based (v5) UUID of the three, the dedupe key's parts, so the same event always yields
+/// the same id and two events never share one (a message id alone is unique per consumer and
+/// date only once ids can be text: a template's "order-77" on two dates, or in two consumers). When the event id is a UUIDv7, the outbox id keeps its
 /// 48-bit millisecond timestamp in front (and is a v7 itself): ids then grow with time, and the
 /// outbox's primary key takes each batch's rows near its right edge instead of on random leaf
 /// pages all over the index (about 10% of the effect's time, docs/PERFORMANCE.md). The 74 bits
@@ -170,8 +174,14 @@ pub fn cashback_paise(amount_paise: i64, rate_bp: i32) -> i64 {
 /// The insert needs no `ON CONFLICT`: an event reaches the effect at most once per consumer (the
 /// dedupe key), and a payment is credited once across consumers (`UNIQUE (payment_id)`), so an
 /// event's outbox row can only be written by the transaction that credits it.
-pub fn outbox_id(event_id: &Uuid) -> Uuid {
-    let hashed = Uuid::new_v5(&OUTBOX_NAMESPACE, event_id.as_bytes());
+pub fn outbox_id(consumer: &str, event_date: chrono::NaiveDate, event_id: &Uuid) -> Uuid {
+    use chrono::Datelike;
+    let mut name = Vec::with_capacity(consumer.len() + 1 + 4 + 16);
+    name.extend_from_slice(consumer.as_bytes());
+    name.push(0);
+    name.extend_from_slice(&event_date.num_days_from_ce().to_be_bytes());
+    name.extend_from_slice(event_id.as_bytes());
+    let hashed = Uuid::new_v5(&OUTBOX_NAMESPACE, &name);
     if event_id.get_version_num() != 7 {
         return hashed;
     }
@@ -217,7 +227,9 @@ impl Handler for Cashback {
             rows.iter().map(|(p, _)| p.occurred_at).collect();
         let kafka_ts: Vec<Option<chrono::DateTime<chrono::Utc>>> =
             rows.iter().map(|(_, m)| m.kafka_ts).collect();
-        let outbox_ids: Vec<Uuid> = rows.iter().map(|(_, m)| outbox_id(&m.message_id)).collect();
+        let outbox_ids: Vec<Uuid> = (rows.iter())
+            .map(|(_, m)| outbox_id(&ctx.consumer, m.event_date, &m.message_id))
+            .collect();
         let stmt = tx.prepare_cached(APPLY).await?;
         let row = tx
             .query_one(
@@ -256,12 +268,20 @@ mod tests {
         assert_eq!(cashback_paise(0, 200), 0);
     }
 
+    fn day(d: u32) -> chrono::NaiveDate {
+        chrono::NaiveDate::from_ymd_opt(2026, 12, d).unwrap()
+    }
+
     #[test]
     fn outbox_id_is_stable_per_event() {
         let e = Uuid::new_v4();
-        assert_eq!(outbox_id(&e), outbox_id(&e));
-        assert_ne!(outbox_id(&e), outbox_id(&Uuid::new_v4()));
-        assert_eq!(outbox_id(&e).get_version_num(), 5);
+        let id = |c: &str, d: u32, e: &Uuid| outbox_id(c, day(d), e);
+        assert_eq!(id("c", 7, &e), id("c", 7, &e));
+        assert_ne!(id("c", 7, &e), id("c", 7, &Uuid::new_v4()));
+        assert_eq!(id("c", 7, &e).get_version_num(), 5);
+        // A text id's key is unique per consumer and date only: so is the outbox id.
+        assert_ne!(id("c", 7, &e), id("d", 7, &e), "another consumer");
+        assert_ne!(id("c", 7, &e), id("c", 8, &e), "another date");
     }
 
     #[test]
@@ -272,8 +292,9 @@ mod tests {
         let early = Uuid::new_v7(ts(1_764_000_000_000));
         let same_ms = Uuid::new_v7(ts(1_764_000_000_000));
         let later = Uuid::new_v7(ts(1_764_000_000_001));
-        let (a, b, c) = (outbox_id(&early), outbox_id(&same_ms), outbox_id(&later));
-        assert_eq!(a, outbox_id(&early), "stable");
+        let id = |e: &Uuid| outbox_id("c", day(7), e);
+        let (a, b, c) = (id(&early), id(&same_ms), id(&later));
+        assert_eq!(a, id(&early), "stable");
         assert_eq!(a.get_version_num(), 7);
         assert_eq!(a.get_variant(), uuid::Variant::RFC4122);
         assert_eq!(
