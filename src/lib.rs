@@ -5,6 +5,54 @@
 //! batch's dedupe keys, the effect on the fresh messages, and the partition's next offset
 //! (fenced against zombies); Kafka hears about it only after `COMMIT`.
 //!
+//! # Your own handler
+//!
+//! The effect is a [`handler::Handler`]: it gets the batch's fresh messages (those whose dedupe
+//! key was new) inside the engine's open transaction, and writes whatever it writes there; the
+//! engine commits it with the dedupe keys and the partition's offset, or not at all. Register it
+//! by name and run a worker; a consumer refers to it with `handler = { kind = "custom", name =
+//! "..." }`. The whole example, with a serde-typed payload, a table of its own and a
+//! business-key duplicate answered once, is `examples/loyalty_points.rs` (`cargo run --example
+//! loyalty_points`), which `tests/example.rs` runs against the real broker and database.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use effectively::envelope::Envelope;
+//! use effectively::handler::{Applied, BatchContext, Handler, HandlerError, Registry};
+//!
+//! struct Audit;
+//!
+//! #[async_trait::async_trait]
+//! impl Handler for Audit {
+//!     async fn apply(
+//!         &self,
+//!         tx: &deadpool_postgres::Transaction<'_>,
+//!         ctx: &BatchContext<'_>,
+//!         fresh: &[&Envelope],
+//!     ) -> Result<Applied, HandlerError> {
+//!         for msg in fresh {
+//!             tx.execute(
+//!                 "INSERT INTO audit (consumer, event_id, body) VALUES ($1, $2, $3)",
+//!                 &[&ctx.consumer, &msg.message_id, &msg.json],
+//!             )
+//!             .await?;
+//!         }
+//!         Ok(Applied { effects: fresh.len() as u64, ..Applied::default() })
+//!     }
+//! }
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = effectively::config::Config::load("effectively.toml".as_ref())?;
+//! let registry = Registry::new().with("audit", Arc::new(Audit));
+//! effectively::worker::run(config, registry, async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Layout
 //!
 //! Each module uses only the ones listed below it (`tests/layers.rs` checks it: no import
