@@ -31,6 +31,7 @@ migrate: up
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p effectively
 
 # The Prometheus config, alert rules (with their unit tests) and Grafana dashboard under grafana/:
 # promtool (Debian's prometheus package, installed if missing) and a JSON check. No service needed.

@@ -49,8 +49,9 @@ pub const NAME: &str = "loyalty-points";
 
 impl LoyaltyPoints {
     fn order(msg: &Envelope) -> Result<OrderPlaced, Rejection> {
-        let order: OrderPlaced = serde_json::from_slice(&msg.payload)
-            .map_err(|e| Rejection::new(Reason::MissingField, format!("not an OrderPlaced: {e}")))?;
+        let order: OrderPlaced = serde_json::from_slice(&msg.payload).map_err(|e| {
+            Rejection::new(Reason::MissingField, format!("not an OrderPlaced: {e}"))
+        })?;
         if order.total_cents < 0 {
             return Err(Rejection::new(
                 Reason::HandlerRejected,
@@ -151,8 +152,15 @@ pub async fn run(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let topic = std::env::args().nth(1).unwrap_or_else(|| "orders".into());
-    let env = |name: &str| std::env::var(name).map_err(|_| anyhow::anyhow!("{name} is not set (source .stack/env)"));
-    let config = config(&env("KAFKA_BROKERS")?, &env("DATABASE_URL")?, "loyalty", &topic);
+    let env = |name: &str| {
+        std::env::var(name).map_err(|_| anyhow::anyhow!("{name} is not set (source .stack/env)"))
+    };
+    let config = config(
+        &env("KAFKA_BROKERS")?,
+        &env("DATABASE_URL")?,
+        "loyalty",
+        &topic,
+    );
     tracing_subscriber::fmt().with_env_filter("info").init();
     eprintln!("loyalty points for {topic}: Ctrl-C stops");
     run(config, async {

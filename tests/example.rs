@@ -27,7 +27,10 @@ async fn send(topic: &str, records: &[(Uuid, serde_json::Value)]) {
                 key: "event_id",
                 value: Some(id.as_bytes()),
             }));
-        producer.send(rec, Duration::from_secs(30)).await.expect("delivery");
+        producer
+            .send(rec, Duration::from_secs(30))
+            .await
+            .expect("delivery");
     }
 }
 
@@ -45,15 +48,20 @@ async fn the_example_handler_applies_each_order_once() {
         &topic,
         &[
             (e1, order(&a, 12_345)),
-            (e1, order(&a, 12_345)),                  // a resend: the dedupe key
-            (e2, order(&a, 12_345)),                  // placed again, new event id: the order's key
+            (e1, order(&a, 12_345)), // a resend: the dedupe key
+            (e2, order(&a, 12_345)), // placed again, new event id: the order's key
             (e3, order(&b, 900)),
             (Uuid::now_v7(), serde_json::json!({"order_id": "x"})), // not an order: parked
         ],
     )
     .await;
 
-    let config = example::config(&common::kafka_brokers(), &common::database_url(), &consumer, &topic);
+    let config = example::config(
+        &common::kafka_brokers(),
+        &common::database_url(),
+        &consumer,
+        &topic,
+    );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let worker = tokio::spawn(example::run(config, async {
         let _ = stopped.await;
@@ -65,7 +73,10 @@ async fn the_example_handler_applies_each_order_once() {
     })
     .await;
     stop.send(()).unwrap();
-    worker.await.unwrap().expect("the example's worker stops cleanly");
+    worker
+        .await
+        .unwrap()
+        .expect("the example's worker stops cleanly");
 
     let rows = db
         .query(
@@ -74,16 +85,33 @@ async fn the_example_handler_applies_each_order_once() {
         )
         .await
         .unwrap();
-    let got: Vec<(String, i64, Uuid)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
-    assert_eq!(got, vec![(b, 9, e3), (a, 123, e1)], "each order's points once, from its first event");
+    let got: Vec<(String, i64, Uuid)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(b, 9, e3), (a, 123, e1)],
+        "each order's points once, from its first event"
+    );
     let keys: i64 = db
-        .query_one("SELECT count(*) FROM processed_messages WHERE consumer = $1", &[&consumer])
+        .query_one(
+            "SELECT count(*) FROM processed_messages WHERE consumer = $1",
+            &[&consumer],
+        )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(keys, 3, "e1, e2 and e3: the second placing passed the dedupe key");
+    assert_eq!(
+        keys, 3,
+        "e1, e2 and e3: the second placing passed the dedupe key"
+    );
     let dead = common::dead_letters(&db, &consumer).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].reason, "missing_field");
-    assert!(dead[0].detail.contains("not an OrderPlaced"), "{}", dead[0].detail);
+    assert!(
+        dead[0].detail.contains("not an OrderPlaced"),
+        "{}",
+        dead[0].detail
+    );
 }

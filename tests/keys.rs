@@ -67,7 +67,10 @@ async fn drained(db: &tokio_postgres::Client, consumer: &str, topic: &str, n: i6
 }
 
 /// `(reason, message_key, detail)` of each dead letter of `consumer`, in offset order.
-async fn parked(db: &tokio_postgres::Client, consumer: &str) -> Vec<(String, Option<String>, String)> {
+async fn parked(
+    db: &tokio_postgres::Client,
+    consumer: &str,
+) -> Vec<(String, Option<String>, String)> {
     db.query(
         "SELECT reason, message_key, detail FROM dead_letters WHERE consumer = $1 ORDER BY \"offset\"",
         &[&consumer],
@@ -115,7 +118,10 @@ async fn stripe_like_ids_are_applied_once_and_kept_readable() {
     }
     // A UUID id on the same consumer stays that UUID.
     let uuid_payment = Payment::new(&user, 5_000);
-    recs.push(Rec::payment(&uuid_payment.event_id.to_string(), &uuid_payment));
+    recs.push(Rec::payment(
+        &uuid_payment.event_id.to_string(),
+        &uuid_payment,
+    ));
     // Bad input: a blank id, and a text id with no event date in the payload.
     recs.push(Rec::payment("   ", &Payment::new(&user, 7)));
     recs.push(Rec {
@@ -129,11 +135,19 @@ async fn stripe_like_ids_are_applied_once_and_kept_readable() {
     let db = common::pg().await;
     drained(&db, &consumer, &topic, recs.len() as i64).await;
     let l = ledger(&db, &consumer).await;
-    assert_eq!((l.credits, l.distinct_payments, l.dedupe_keys), (21, 21, 21), "{l:?}");
+    assert_eq!(
+        (l.credits, l.distinct_payments, l.dedupe_keys),
+        (21, 21, 21),
+        "{l:?}"
+    );
     let mut expected: Vec<Uuid> = ids.iter().map(|id| v5(id)).collect();
     expected.push(uuid_payment.event_id);
     expected.sort();
-    assert_eq!(keys_of(&db, &consumer).await, expected, "text ids as v5 UUIDs, the UUID kept");
+    assert_eq!(
+        keys_of(&db, &consumer).await,
+        expected,
+        "text ids as v5 UUIDs, the UUID kept"
+    );
     let s = worker.stats(&consumer).unwrap().snapshot();
     assert_eq!((s.duplicates, s.parked), (20, 2), "{s:?}");
 
@@ -173,7 +187,8 @@ async fn a_template_key_catches_a_double_tap_sent_with_a_new_event_id() {
         with_status(Uuid::now_v7(), None),
     ];
     send(&topic, &recs).await;
-    let extra = "message_id = { template = \"{/payment_id}:{/status}\" }\nevent_date = \"/occurred_at\"";
+    let extra =
+        "message_id = { template = \"{/payment_id}:{/status}\" }\nevent_date = \"/occurred_at\"";
     let worker = common::start_cashback(&consumer, &topic, extra).await;
     let db = common::pg().await;
     drained(&db, &consumer, &topic, 3).await;
@@ -188,7 +203,10 @@ async fn a_template_key_catches_a_double_tap_sent_with_a_new_event_id() {
     let dead = parked(&db, &consumer).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].0, "missing_event_id");
-    assert!(dead[0].2.contains("{/payment_id}:{/status}") && dead[0].2.contains("/status"), "{dead:?}");
+    assert!(
+        dead[0].2.contains("{/payment_id}:{/status}") && dead[0].2.contains("/status"),
+        "{dead:?}"
+    );
     worker.stop().await.unwrap();
 }
 
@@ -203,13 +221,26 @@ async fn uuid_keys_are_unchanged_when_text_ids_are_turned_on() {
     let before = common::start_cashback(&consumer, &topic, "").await;
     drained(&db, &consumer, &topic, 1).await;
     before.stop().await.unwrap();
-    let recorded = effectively::store::keys::recorded(&db, &consumer).await.unwrap().unwrap();
-    assert_eq!(recorded.made_by, "message_id = { header = \"event_id\" }, event_date = \"auto\"");
+    let recorded = effectively::store::keys::recorded(&db, &consumer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        recorded.made_by,
+        "message_id = { header = \"event_id\" }, event_date = \"auto\""
+    );
 
     // The upgrade: text ids on (and the date from the payload), then a resend of the old
     // payment and a new text-id payment.
     let q = Payment::new(&user, 3_000);
-    send(&topic, &[Rec::payment(&p.event_id.to_string(), &p), Rec::payment("evt_after", &q)]).await;
+    send(
+        &topic,
+        &[
+            Rec::payment(&p.event_id.to_string(), &p),
+            Rec::payment("evt_after", &q),
+        ],
+    )
+    .await;
     let after = common::start_cashback(&consumer, &topic, TEXT_IDS).await;
     drained(&db, &consumer, &topic, 3).await;
     let l = ledger(&db, &consumer).await;
@@ -220,7 +251,10 @@ async fn uuid_keys_are_unchanged_when_text_ids_are_turned_on() {
     assert_eq!(after.stats(&consumer).unwrap().snapshot().duplicates, 1);
     // The change of settings is on record, with what came before.
     let row = db
-        .query_one("SELECT made_by, previous FROM consumer_keys WHERE consumer = $1", &[&consumer])
+        .query_one(
+            "SELECT made_by, previous FROM consumer_keys WHERE consumer = $1",
+            &[&consumer],
+        )
         .await
         .unwrap();
     let (made_by, previous): (String, Option<String>) = (row.get(0), row.get(1));
@@ -240,7 +274,15 @@ async fn the_record_key_can_be_the_message_id() {
         headers: Vec::new(),
         value: Some(p.json()),
     };
-    send(&topic, &[keyed(Some("order-77")), keyed(Some("order-77")), keyed(None)]).await;
+    send(
+        &topic,
+        &[
+            keyed(Some("order-77")),
+            keyed(Some("order-77")),
+            keyed(None),
+        ],
+    )
+    .await;
     let extra = "message_id = \"key\"\nevent_date = \"/occurred_at\"";
     let worker = common::start_cashback(&consumer, &topic, extra).await;
     let db = common::pg().await;
@@ -280,7 +322,10 @@ fn structured(source: &str, id: &str, p: &Payment) -> Rec {
     });
     Rec {
         key: Some(p.user_id.clone()),
-        headers: vec![("content-type", "application/cloudevents+json; charset=utf-8".into())],
+        headers: vec![(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8".into(),
+        )],
         value: Some(serde_json::to_vec(&event).unwrap()),
     }
 }
@@ -296,8 +341,16 @@ async fn cloudevents_are_keyed_by_source_and_id_in_either_mode() {
         structured("/billing", "evt_1", &a), // the same event, structured: a duplicate
         structured("/refunds", "evt_1", &b), // the same id from another source: another event
         binary("/billing", "evt_2", &Payment::new(&user, 9), false), // no time: parked
-        Rec { key: Some(user.clone()), headers: vec![("ce_id", "x".into())], value: None }, // a tombstone
-        Rec { key: None, headers: Vec::new(), value: Some(a.json()) }, // not a CloudEvent
+        Rec {
+            key: Some(user.clone()),
+            headers: vec![("ce_id", "x".into())],
+            value: None,
+        }, // a tombstone
+        Rec {
+            key: None,
+            headers: Vec::new(),
+            value: Some(a.json()),
+        }, // not a CloudEvent
     ];
     send(&topic, &recs).await;
     let worker = common::start_cashback(&consumer, &topic, "envelope = \"cloudevents\"").await;
@@ -311,7 +364,11 @@ async fn cloudevents_are_keyed_by_source_and_id_in_either_mode() {
     assert_eq!(worker.stats(&consumer).unwrap().snapshot().duplicates, 1);
     let dead = parked(&db, &consumer).await;
     let reasons: Vec<&str> = dead.iter().map(|d| d.0.as_str()).collect();
-    assert_eq!(reasons, ["no_event_date", "tombstone", "missing_event_id"], "{dead:?}");
+    assert_eq!(
+        reasons,
+        ["no_event_date", "tombstone", "missing_event_id"],
+        "{dead:?}"
+    );
     assert_eq!(dead[0].1.as_deref(), Some(r#"["/billing","evt_2"]"#));
     worker.stop().await.unwrap();
 }
@@ -325,7 +382,11 @@ async fn tombstones_are_parked_by_default_and_skipped_when_asked() {
         common::create_topic(&topic, 1).await;
         let user = common::unique("u");
         let (a, b) = (Payment::new(&user, 1_000), Payment::new(&user, 2_000));
-        let tombstone = || Rec { key: Some(user.clone()), headers: Vec::new(), value: None };
+        let tombstone = || Rec {
+            key: Some(user.clone()),
+            headers: Vec::new(),
+            value: None,
+        };
         let recs = vec![
             Rec::payment(&a.event_id.to_string(), &a),
             tombstone(),
@@ -337,7 +398,11 @@ async fn tombstones_are_parked_by_default_and_skipped_when_asked() {
         // The offset moves past the last tombstone either way.
         drained(&db, &consumer, &topic, 4).await;
         let l = ledger(&db, &consumer).await;
-        assert_eq!((l.credits, l.parked), (2, parked_expected), "{setting:?}: {l:?}");
+        assert_eq!(
+            (l.credits, l.parked),
+            (2, parked_expected),
+            "{setting:?}: {l:?}"
+        );
         let s = worker.stats(&consumer).unwrap().snapshot();
         assert_eq!(s.skipped, 2 - parked_expected as u64, "{setting:?}: {s:?}");
         if parked_expected > 0 {

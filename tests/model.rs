@@ -885,7 +885,7 @@ async fn check_invariants(sut: &Sut, model: &Model) -> Result<(), String> {
     }
 
     // Outbox: one CashbackCredited per applied payment.
-    let outbox_of = |e: &Uuid| outbox_id(&consumer, model.payments[e].event_date, e);
+    let outbox_of = |e: &Uuid| outbox_id(consumer, model.payments[e].event_date, e);
     let all_outbox: Vec<Uuid> = model.payments.keys().map(outbox_of).collect();
     let outbox: BTreeSet<Uuid> = db
         .query("SELECT id FROM outbox WHERE id = ANY($1)", &[&all_outbox])

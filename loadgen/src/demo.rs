@@ -49,8 +49,8 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
         );
         session = session.via_outbox(&spec.database_url).await?;
     }
-    let plain = args.envelope == produce::shape::Envelope::Plain
-        && args.ids == produce::shape::Ids::Uuid;
+    let plain =
+        args.envelope == produce::shape::Envelope::Plain && args.ids == produce::shape::Ids::Uuid;
     anyhow::ensure!(
         plain || (args.format == Format::Json && !args.via_outbox),
         "--envelope cloudevents and --ids stripe write JSON records straight to the topic: not \

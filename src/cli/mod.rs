@@ -659,7 +659,10 @@ async fn key_drift<C: tokio_postgres::GenericClient + Sync>(
             humantime_serde::re::humantime::format_duration(c.retention)
         ),
         Some(_) => println!("  consumer {:?}: keys made as the ledger's", c.name),
-        None => println!("  consumer {:?}: no keys recorded yet (a first start)", c.name),
+        None => println!(
+            "  consumer {:?}: no keys recorded yet (a first start)",
+            c.name
+        ),
     }
     Ok(())
 }

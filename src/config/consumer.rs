@@ -472,7 +472,8 @@ impl ConsumerConfig {
         // event: the processing date would put a copy redelivered after midnight in another
         // partition, where the unique key cannot meet the first copy. Nor the Kafka timestamp:
         // a relay's resend gets a new one. "auto" would fall back to the id's UUIDv7 time.
-        if self.message_id.is_text() && !matches!(self.event_date, EventDateSource::JsonPointer(_)) {
+        if self.message_id.is_text() && !matches!(self.event_date, EventDateSource::JsonPointer(_))
+        {
             p.push(format!(
                 "event_date = \"{}\" cannot date a consumer whose message_id is text ({}): a \
                  text id carries no time, so event_date must name the event's own time in the \

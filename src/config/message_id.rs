@@ -34,7 +34,11 @@ impl MessageIdConfig {
 
     /// Whether ids may be any text, so that they carry no time a UUIDv7 would.
     pub fn is_text(&self) -> bool {
-        self.any_string || matches!(self.source, MessageIdSource::Key | MessageIdSource::Template(_))
+        self.any_string
+            || matches!(
+                self.source,
+                MessageIdSource::Key | MessageIdSource::Template(_)
+            )
     }
 }
 
@@ -228,7 +232,10 @@ impl<'de> Deserialize<'de> for MessageIdConfig {
                 }
             }
 
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
                 let table = Table::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
                 MessageIdConfig::try_from(table).map_err(serde::de::Error::custom)
             }
@@ -239,7 +246,11 @@ impl<'de> Deserialize<'de> for MessageIdConfig {
 
 impl fmt::Display for MessageIdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let any = if self.any_string && !matches!(self.source, MessageIdSource::Key | MessageIdSource::Template(_)) {
+        let any = if self.any_string
+            && !matches!(
+                self.source,
+                MessageIdSource::Key | MessageIdSource::Template(_)
+            ) {
             ", any_string = true"
         } else {
             ""
@@ -270,7 +281,10 @@ mod tests {
 
     #[test]
     fn the_forms() {
-        assert_eq!(parse("message_id = { header = \"id\" }"), Ok(MessageIdConfig::header("id")));
+        assert_eq!(
+            parse("message_id = { header = \"id\" }"),
+            Ok(MessageIdConfig::header("id"))
+        );
         let any = parse("message_id = { json_pointer = \"/id\", any_string = true }").unwrap();
         assert_eq!(any.source, MessageIdSource::JsonPointer("/id".into()));
         assert!(any.any_string && any.is_text());
@@ -320,10 +334,19 @@ mod tests {
         }
         for (doc, says) in [
             ("message_id = \"event_id\"", "the only word is \"key\""),
-            ("message_id = { header = \"a\", json_pointer = \"/b\" }", "not several"),
+            (
+                "message_id = { header = \"a\", json_pointer = \"/b\" }",
+                "not several",
+            ),
             ("message_id = {}", "needs one of"),
-            ("message_id = { template = \"{/a}\", any_string = false }", "always text"),
-            ("message_id = { header = \"a\", uuid = true }", "unknown field"),
+            (
+                "message_id = { template = \"{/a}\", any_string = false }",
+                "always text",
+            ),
+            (
+                "message_id = { header = \"a\", uuid = true }",
+                "unknown field",
+            ),
         ] {
             let e = parse(doc).unwrap_err();
             assert!(e.contains(says), "{doc}: {e}");

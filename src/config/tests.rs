@@ -415,12 +415,17 @@ fn a_text_id_needs_an_event_date_from_the_payload() {
     ] {
         for date in ["", "event_date = \"auto\"", "event_date = \"uuid7\""] {
             let msg = invalid(&with(&format!("{id}\n{date}")));
-            assert!(msg.contains("a text id carries no time"), "{id} {date}: {msg}");
+            assert!(
+                msg.contains("a text id carries no time"),
+                "{id} {date}: {msg}"
+            );
             assert!(msg.contains("redelivered after midnight"), "{msg}");
         }
         let ok = consumer(&with(&format!("{id}\nevent_date = \"/occurred_at\"")));
         assert!(ok.message_id.is_text());
     }
     // A UUID source keeps "auto": its UUIDv7 ids date themselves.
-    consumer(&with("message_id = { json_pointer = \"/id\" }\nevent_date = \"auto\""));
+    consumer(&with(
+        "message_id = { json_pointer = \"/id\" }\nevent_date = \"auto\"",
+    ));
 }

@@ -56,7 +56,10 @@ impl Event {
                  their time (required), never by when they arrive",
             )),
             Some(v) => date_from_value(v, "time", false).map_err(|r| Rejection {
-                detail: format!("the CloudEvent's {}", r.detail.trim_start_matches("payload ")),
+                detail: format!(
+                    "the CloudEvent's {}",
+                    r.detail.trim_start_matches("payload ")
+                ),
                 ..r
             }),
         }
@@ -101,7 +104,9 @@ fn binary(
                 let text = std::str::from_utf8(bytes).map_err(|_| {
                     Rejection::new(
                         Reason::InvalidEventId,
-                        format!("header {name:?} is not UTF-8 text; CloudEvents attributes are text"),
+                        format!(
+                            "header {name:?} is not UTF-8 text; CloudEvents attributes are text"
+                        ),
                     )
                 })?;
                 attributes.insert(attr.to_string(), Value::String(text.to_string()));
@@ -132,7 +137,9 @@ fn structured(value: Option<&[u8]>, content_type: &str) -> Result<Event, Rejecti
     let body = value.filter(|v| !v.is_empty()).ok_or_else(|| {
         Rejection::new(
             Reason::EmptyPayload,
-            format!("content-type {content_type} but the record has no value to read the event from"),
+            format!(
+                "content-type {content_type} but the record has no value to read the event from"
+            ),
         )
     })?;
     let mut attributes = match serde_json::from_slice::<Value>(body) {
@@ -160,18 +167,23 @@ fn structured(value: Option<&[u8]>, content_type: &str) -> Result<Event, Rejecti
                 "the CloudEvent has both data and data_base64; the spec allows one",
             ))
         }
-        (None, Some(Value::String(b64))) => {
-            Some(base64::engine::general_purpose::STANDARD.decode(b64.trim()).map_err(|e| {
-                Rejection::new(
-                    Reason::UndecodablePayload,
-                    format!("the CloudEvent's data_base64 is not base64: {e}"),
-                )
-            })?)
-        }
+        (None, Some(Value::String(b64))) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|e| {
+                    Rejection::new(
+                        Reason::UndecodablePayload,
+                        format!("the CloudEvent's data_base64 is not base64: {e}"),
+                    )
+                })?,
+        ),
         (None, Some(other)) => {
             return Err(Rejection::new(
                 Reason::UndecodablePayload,
-                format!("the CloudEvent's data_base64 is a JSON {}, expected a string", json_type(&other)),
+                format!(
+                    "the CloudEvent's data_base64 is a JSON {}, expected a string",
+                    json_type(&other)
+                ),
             ))
         }
         // A string under a content type that is not JSON is the data's text; anything else
@@ -198,7 +210,9 @@ fn identity(attributes: &Map<String, Value>, how: &str) -> Result<(String, Strin
         match attributes.get(name) {
             None | Some(Value::Null) => Err(Rejection::new(
                 Reason::MissingEventId,
-                format!("the CloudEvent has no {name} ({how}{name}); its dedupe key is source and id"),
+                format!(
+                    "the CloudEvent has no {name} ({how}{name}); its dedupe key is source and id"
+                ),
             )),
             Some(Value::String(s)) if s.trim().is_empty() => Err(Rejection::new(
                 Reason::MissingEventId,
@@ -207,7 +221,10 @@ fn identity(attributes: &Map<String, Value>, how: &str) -> Result<(String, Strin
             Some(Value::String(s)) => Ok(s.clone()),
             Some(other) => Err(Rejection::new(
                 Reason::InvalidEventId,
-                format!("the CloudEvent's {name} is a JSON {}, expected a string", json_type(other)),
+                format!(
+                    "the CloudEvent's {name} is a JSON {}, expected a string",
+                    json_type(other)
+                ),
             )),
         }
     };
@@ -216,7 +233,10 @@ fn identity(attributes: &Map<String, Value>, how: &str) -> Result<(String, Strin
         Some(Value::String(v)) => {
             return Err(Rejection::new(
                 Reason::InvalidEventId,
-                format!("the CloudEvent's specversion is {:?}; this consumer reads 1.0", quote(v)),
+                format!(
+                    "the CloudEvent's specversion is {:?}; this consumer reads 1.0",
+                    quote(v)
+                ),
             ))
         }
         _ => {
@@ -230,14 +250,20 @@ fn identity(attributes: &Map<String, Value>, how: &str) -> Result<(String, Strin
 }
 
 fn header_text(headers: &[(&str, Option<&[u8]>)], name: &str) -> Result<Option<String>, Rejection> {
-    match headers.iter().rev().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+    match headers
+        .iter()
+        .rev()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+    {
         None | Some((_, None)) => Ok(None),
-        Some((_, Some(v))) => std::str::from_utf8(v).map(|s| Some(s.to_string())).map_err(|_| {
-            Rejection::new(
-                Reason::UndecodablePayload,
-                format!("header {name:?} is not UTF-8 text"),
-            )
-        }),
+        Some((_, Some(v))) => std::str::from_utf8(v)
+            .map(|s| Some(s.to_string()))
+            .map_err(|_| {
+                Rejection::new(
+                    Reason::UndecodablePayload,
+                    format!("header {name:?} is not UTF-8 text"),
+                )
+            }),
     }
 }
 

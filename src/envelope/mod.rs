@@ -10,7 +10,7 @@
 //! decoding testable without a broker.
 //!
 //! A consumer whose `[consumer.payload]` names a Schema Registry format reads the Confluent wire
-//! format ([`format`]) with the writer's schema from the registry ([`registry`]): the caller
+//! format ([`mod@format`]) with the writer's schema from the registry ([`registry`]): the caller
 //! makes sure the record's schemas are looked up first ([`Decoder::prepare`], the one await),
 //! then [`Decoder::decode`] turns the record into the same JSON object a JSON topic carries, so
 //! everything after decoding (message ids, event dates, handlers, the SQL handler's `payload`)
@@ -156,7 +156,10 @@ enum IdSource {
     Header(String),
     Pointer(String),
     Key,
-    Template { text: String, parts: Vec<TemplatePart> },
+    Template {
+        text: String,
+        parts: Vec<TemplatePart>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -204,7 +207,7 @@ impl Decoder {
         }
     }
 
-    /// Reads every record as a CloudEvent (`envelope = "cloudevents"`, see [`cloudevents`]).
+    /// Reads every record as a CloudEvent (`envelope = "cloudevents"`, see the `cloudevents` module).
     pub fn with_envelope(mut self, envelope: EnvelopeKind) -> Decoder {
         self.cloudevents = envelope == EnvelopeKind::CloudEvents;
         self
@@ -278,7 +281,8 @@ impl Decoder {
                     .and_then(|t| self.key_from_text(&t, || format!("header {name:?}"))),
             ),
             IdSource::Key if !self.decodes_key() => Some(
-                key_text(raw.key, None).and_then(|t| self.key_from_text(&t, || "the record key".into())),
+                key_text(raw.key, None)
+                    .and_then(|t| self.key_from_text(&t, || "the record key".into())),
             ),
             _ => None,
         };
@@ -346,7 +350,10 @@ impl Decoder {
             }
         };
         let (key, key_value) = self.record_key(raw.key).map_err(reject)?;
-        let Key { id: message_id, text: message_key } = match early {
+        let Key {
+            id: message_id,
+            text: message_key,
+        } = match early {
             Some(k) => k,
             None => self.late_key(raw, json.as_ref(), key_value.as_ref())?,
         };
@@ -373,7 +380,10 @@ impl Decoder {
     /// The record key as handlers see it: through the registry when `key_format` says so
     /// (then also its decoded value, for `{key}`), else its bytes.
     fn record_key(&self, key: Option<&[u8]>) -> Result<(Option<Bytes>, Option<Value>), Rejection> {
-        match (self.registered.as_ref().and_then(|r| r.key.map(|k| (r, k))), key) {
+        match (
+            self.registered.as_ref().and_then(|r| r.key.map(|k| (r, k))),
+            key,
+        ) {
             (Some((r, kind)), Some(k)) => {
                 let value = registered(r, kind, k, "key")?;
                 let bytes = serde_json::to_vec(&value).expect("a JSON value serialises");
@@ -418,7 +428,11 @@ impl Decoder {
                 )))
             }
         };
-        let (payload, json) = match self.registered.as_ref().and_then(|r| r.value.map(|k| (r, k))) {
+        let (payload, json) = match self
+            .registered
+            .as_ref()
+            .and_then(|r| r.value.map(|k| (r, k)))
+        {
             Some(_) if !event.binary => {
                 return Err(reject(Rejection::new(
                     Reason::NotWireFormat,
@@ -432,10 +446,12 @@ impl Decoder {
                 (Bytes::from(text), Some(value))
             }
             None if self.needs_json => {
-                let json = parse_object(data).map_err(|r| reject(Rejection {
-                    detail: r.detail.replacen("payload", "the CloudEvent's data", 1),
-                    ..r
-                }))?;
+                let json = parse_object(data).map_err(|r| {
+                    reject(Rejection {
+                        detail: r.detail.replacen("payload", "the CloudEvent's data", 1),
+                        ..r
+                    })
+                })?;
                 (Bytes::copy_from_slice(data), Some(json))
             }
             None => (Bytes::copy_from_slice(data), None),
@@ -467,14 +483,19 @@ impl Decoder {
             ),
             OnTombstone::Skip => Rejection {
                 skip: true,
-                ..Rejection::new(Reason::Tombstone, "tombstone skipped (on_tombstone = \"skip\")")
+                ..Rejection::new(
+                    Reason::Tombstone,
+                    "tombstone skipped (on_tombstone = \"skip\")",
+                )
             },
         }
     }
 
     /// Whether something reads fields of the payload (so it must be an object).
     fn reads_fields(&self) -> bool {
-        self.needs_json || self.id_reads_payload() || matches!(self.event_date, DateSource::Pointer(_))
+        self.needs_json
+            || self.id_reads_payload()
+            || matches!(self.event_date, DateSource::Pointer(_))
     }
 
     /// Whether the message id comes (in part) from a payload field.
@@ -513,7 +534,10 @@ impl Decoder {
                 let text = key_text(raw.key, key_value)?;
                 self.key_from_text(&text, || "the record key".into())
             }
-            IdSource::Template { text: template, parts } => {
+            IdSource::Template {
+                text: template,
+                parts,
+            } => {
                 let mut out = String::new();
                 for part in parts {
                     let piece = match part {
@@ -521,8 +545,12 @@ impl Decoder {
                             out.push_str(l);
                             continue;
                         }
-                        TemplatePart::Pointer(p) => text_from_json(json, p, true, "message id part"),
-                        TemplatePart::Header(h) => text_from_header(raw.headers, h, "message id part"),
+                        TemplatePart::Pointer(p) => {
+                            text_from_json(json, p, true, "message id part")
+                        }
+                        TemplatePart::Header(h) => {
+                            text_from_header(raw.headers, h, "message id part")
+                        }
                         TemplatePart::Key => key_text(raw.key, key_value),
                     }
                     .map_err(|r| Rejection {
@@ -799,7 +827,11 @@ fn text_from_json(
             format!(
                 "payload {pointer} is a JSON {}, expected a string{}",
                 json_type(other),
-                if numbers { " or a number" } else { " holding a UUID" }
+                if numbers {
+                    " or a number"
+                } else {
+                    " holding a UUID"
+                }
             ),
         )),
     }
@@ -810,7 +842,10 @@ fn text_from_json(
 fn key_text(key: Option<&[u8]>, decoded: Option<&Value>) -> Result<String, Rejection> {
     if let Some(v) = decoded {
         return match v {
-            Value::Null => Err(Rejection::new(Reason::MissingEventId, "the record key decodes to null")),
+            Value::Null => Err(Rejection::new(
+                Reason::MissingEventId,
+                "the record key decodes to null",
+            )),
             Value::String(s) => Ok(s.clone()),
             other => Ok(other.to_string()),
         };

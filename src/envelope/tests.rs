@@ -145,7 +145,10 @@ fn oversized_and_empty() {
     assert_eq!(why(&d, Some(&text), b""), R::EmptyPayload);
     let headers = [("event_id", Some(text.as_bytes()))];
     let r = d.decode(&raw(&headers, None)).unwrap_err();
-    assert_eq!((r.reason, r.message_id, r.skip), (R::Tombstone, Some(id), false));
+    assert_eq!(
+        (r.reason, r.message_id, r.skip),
+        (R::Tombstone, Some(id), false)
+    );
     assert!(r.detail.contains("on_tombstone"), "{}", r.detail);
 }
 
@@ -181,7 +184,10 @@ fn text_ids_become_name_based_uuids() {
     );
     let body = |id: &str| format!(r#"{{"id":{id},"created":"2026-12-07T10:00:00Z"}}"#);
     let stripe = decode(&d, None, body(r#""evt_1NxYz""#).as_bytes()).unwrap();
-    assert_eq!(stripe.message_id, Uuid::new_v5(&KEY_NAMESPACE, b"evt_1NxYz"));
+    assert_eq!(
+        stripe.message_id,
+        Uuid::new_v5(&KEY_NAMESPACE, b"evt_1NxYz")
+    );
     assert_eq!(stripe.message_id.get_version_num(), 5);
     assert_eq!(stripe.message_key.as_deref(), Some("evt_1NxYz"));
     assert_eq!(stripe.event_date, date("2026-12-07"));
@@ -214,10 +220,16 @@ fn a_text_id_without_a_date_is_parked_with_its_text() {
     assert_eq!(r, R::NoEventDate);
     let r = decode(&d, Some("whk_delivery_7"), b"{}").unwrap_err();
     assert_eq!(r.message_key.as_deref(), Some("whk_delivery_7"));
-    assert_eq!(r.message_id, Some(Uuid::new_v5(&KEY_NAMESPACE, b"whk_delivery_7")));
+    assert_eq!(
+        r.message_id,
+        Some(Uuid::new_v5(&KEY_NAMESPACE, b"whk_delivery_7"))
+    );
     // An oversized record is parked with the header's text too.
     let r = decode(&d, Some("whk_delivery_7"), &[b'a'; 2000]).unwrap_err();
-    assert_eq!((r.reason, r.message_key.as_deref()), (R::OversizedPayload, Some("whk_delivery_7")));
+    assert_eq!(
+        (r.reason, r.message_key.as_deref()),
+        (R::OversizedPayload, Some("whk_delivery_7"))
+    );
 }
 
 #[test]
@@ -225,38 +237,61 @@ fn the_record_key_and_templates() {
     let when = r#""at":"2026-12-07T10:00:00Z""#;
     let key = text_ids(MessageIdSource::Key, true, D::JsonPointer("/at".into()));
     let env = decode(&key, None, format!("{{{when}}}").as_bytes()).unwrap();
-    assert_eq!(env.message_key.as_deref(), Some("k1"), "raw() carries key k1");
+    assert_eq!(
+        env.message_key.as_deref(),
+        Some("k1"),
+        "raw() carries key k1"
+    );
     let mut no_key = raw(&[], Some(b"{}"));
     no_key.key = None;
     assert_eq!(key.decode(&no_key).unwrap_err().reason, R::MissingEventId);
 
     let template: crate::config::Template = "{/payment_id}:{/status}".parse().unwrap();
-    let d = text_ids(MessageIdSource::Template(template), true, D::JsonPointer("/at".into()));
+    let d = text_ids(
+        MessageIdSource::Template(template),
+        true,
+        D::JsonPointer("/at".into()),
+    );
     let tap = |event_id: &str, status: &str| {
         format!(r#"{{"event_id":"{event_id}","payment_id":"pay_42","status":"{status}",{when}}}"#)
     };
     let first = decode(&d, None, tap("e1", "CAPTURED").as_bytes()).unwrap();
     let double_tap = decode(&d, None, tap("e2", "CAPTURED").as_bytes()).unwrap();
     assert_eq!(first.message_key.as_deref(), Some("pay_42:CAPTURED"));
-    assert_eq!(first.message_id, double_tap.message_id, "fresh event id, same business key");
+    assert_eq!(
+        first.message_id, double_tap.message_id,
+        "fresh event id, same business key"
+    );
     let refund = decode(&d, None, tap("e3", "REFUNDED").as_bytes()).unwrap();
     assert_ne!(refund.message_id, first.message_id);
     // A missing or empty part is bad input, never a shorter key.
     let missing = format!(r#"{{"payment_id":"pay_42",{when}}}"#);
     let r = decode(&d, None, missing.as_bytes()).unwrap_err();
     assert_eq!(r.reason, R::MissingEventId);
-    assert!(r.detail.contains("{/payment_id}:{/status}") && r.detail.contains("/status"), "{}", r.detail);
+    assert!(
+        r.detail.contains("{/payment_id}:{/status}") && r.detail.contains("/status"),
+        "{}",
+        r.detail
+    );
     let empty = tap("e4", "");
     let r = decode(&d, None, empty.as_bytes()).unwrap_err();
     assert_eq!(r.reason, R::MissingEventId);
     assert!(r.detail.contains("{/status} is empty"), "{}", r.detail);
 
     let mixed: crate::config::Template = "{header:source}/{key}".parse().unwrap();
-    let d = text_ids(MessageIdSource::Template(mixed), true, D::JsonPointer("/at".into()));
+    let d = text_ids(
+        MessageIdSource::Template(mixed),
+        true,
+        D::JsonPointer("/at".into()),
+    );
     let headers = [("source", Some(&b"billing"[..]))];
-    let env = d.decode(&raw(&headers, Some(format!("{{{when}}}").as_bytes()))).unwrap();
+    let env = d
+        .decode(&raw(&headers, Some(format!("{{{when}}}").as_bytes())))
+        .unwrap();
     assert_eq!(env.message_key.as_deref(), Some("billing/k1"));
-    let r = d.decode(&raw(&[], Some(format!("{{{when}}}").as_bytes()))).unwrap_err();
+    let r = d
+        .decode(&raw(&[], Some(format!("{{{when}}}").as_bytes())))
+        .unwrap_err();
     assert!(r.detail.contains("no header \"source\""), "{}", r.detail);
 }
 
@@ -374,26 +409,39 @@ fn cloudevents_binary_and_structured_are_one_event() {
     assert_eq!(b.event_date, date("2026-12-07"));
     assert_eq!(b.message_key.as_deref(), Some(r#"["/billing","evt_1"]"#));
     let attrs = b.cloudevent.as_ref().unwrap();
-    assert_eq!((attrs["type"].as_str(), attrs["traceid"].as_str()), (Some("payment.succeeded"), Some("abc")));
+    assert_eq!(
+        (attrs["type"].as_str(), attrs["traceid"].as_str()),
+        (Some("payment.succeeded"), Some("abc"))
+    );
     assert_eq!(attrs["datacontenttype"], "application/json");
 
-    let body = br#"{"specversion":"1.0","id":"evt_1","source":"/billing","type":"payment.succeeded",
+    let body =
+        br#"{"specversion":"1.0","id":"evt_1","source":"/billing","type":"payment.succeeded",
         "time":"2026-12-07T04:30:00Z","datacontenttype":"application/json",
         "data":{"payment_id":"pay_42","amount_paise":1000}}"#;
-    let structured = [("content-type", Some(&b"application/cloudevents+json; charset=utf-8"[..]))];
+    let structured = [(
+        "content-type",
+        Some(&b"application/cloudevents+json; charset=utf-8"[..]),
+    )];
     let s = d.decode(&raw(&structured, Some(body))).unwrap();
-    assert_eq!(s.message_id, b.message_id, "one source and id: one key, whatever the mode");
+    assert_eq!(
+        s.message_id, b.message_id,
+        "one source and id: one key, whatever the mode"
+    );
     assert_eq!(s.json, b.json);
     assert!(s.cloudevent.as_ref().unwrap().get("data").is_none());
 
     // The same id from another source is another event.
     let other = body.to_vec();
-    let other = String::from_utf8(other).unwrap().replace("/billing", "/refunds");
+    let other = String::from_utf8(other)
+        .unwrap()
+        .replace("/billing", "/refunds");
     let o = d.decode(&raw(&structured, Some(other.as_bytes()))).unwrap();
     assert_ne!(o.message_id, b.message_id);
 
     // data_base64 is the data's bytes.
-    let b64 = br#"{"specversion":"1.0","id":"2","source":"s","type":"t","time":"2026-12-07T00:00:00Z",
+    let b64 =
+        br#"{"specversion":"1.0","id":"2","source":"s","type":"t","time":"2026-12-07T00:00:00Z",
         "data_base64":"eyJhIjoxfQ=="}"#;
     let e = d.decode(&raw(&structured, Some(b64))).unwrap();
     assert_eq!(&e.payload[..], br#"{"a":1}"#);
@@ -405,23 +453,54 @@ fn cloudevents_bad_input_is_parked_with_its_reason() {
     let structured = [("content-type", Some(&b"application/cloudevents+json"[..]))];
     let event = |fields: &str| format!(r#"{{"specversion":"1.0","type":"t",{fields}}}"#);
     let cases = [
-        (event(r#""id":"1","source":"s","data":{}"#), R::NoEventDate, "time"),
-        (event(r#""source":"s","time":"2026-12-07T00:00:00Z","data":{}"#), R::MissingEventId, "no id"),
-        (event(r#""id":"1","source":"","time":"2026-12-07T00:00:00Z","data":{}"#), R::MissingEventId, "source is empty"),
-        (event(r#""id":"1","source":"s","time":"yesterday","data":{}"#), R::InvalidEventDate, "time"),
-        (event(r#""id":"1","source":"s","time":"2026-12-07T00:00:00Z""#), R::EmptyPayload, "no data"),
-        (event(r#""id":"1","source":"s","time":"2026-12-07T00:00:00Z","data":[1]"#), R::UndecodablePayload, "data"),
+        (
+            event(r#""id":"1","source":"s","data":{}"#),
+            R::NoEventDate,
+            "time",
+        ),
+        (
+            event(r#""source":"s","time":"2026-12-07T00:00:00Z","data":{}"#),
+            R::MissingEventId,
+            "no id",
+        ),
+        (
+            event(r#""id":"1","source":"","time":"2026-12-07T00:00:00Z","data":{}"#),
+            R::MissingEventId,
+            "source is empty",
+        ),
+        (
+            event(r#""id":"1","source":"s","time":"yesterday","data":{}"#),
+            R::InvalidEventDate,
+            "time",
+        ),
+        (
+            event(r#""id":"1","source":"s","time":"2026-12-07T00:00:00Z""#),
+            R::EmptyPayload,
+            "no data",
+        ),
+        (
+            event(r#""id":"1","source":"s","time":"2026-12-07T00:00:00Z","data":[1]"#),
+            R::UndecodablePayload,
+            "data",
+        ),
         ("[1,2]".into(), R::UndecodablePayload, "JSON object"),
     ];
     for (body, reason, says) in cases {
-        let r = d.decode(&raw(&structured, Some(body.as_bytes()))).unwrap_err();
+        let r = d
+            .decode(&raw(&structured, Some(body.as_bytes())))
+            .unwrap_err();
         assert_eq!(r.reason, reason, "{body}: {}", r.detail);
         assert!(r.detail.contains(says), "{body}: {}", r.detail);
     }
     // Once source and id are read, a parked event carries its key.
-    let r = d.decode(&raw(&structured, Some(cases_missing_time().as_bytes()))).unwrap_err();
+    let r = d
+        .decode(&raw(&structured, Some(cases_missing_time().as_bytes())))
+        .unwrap_err();
     assert_eq!(r.message_key.as_deref(), Some(r#"["s","1"]"#));
-    let batch = [("content-type", Some(&b"application/cloudevents-batch+json"[..]))];
+    let batch = [(
+        "content-type",
+        Some(&b"application/cloudevents-batch+json"[..]),
+    )];
     let r = d.decode(&raw(&batch, Some(b"[]"))).unwrap_err();
     assert!(r.detail.contains("batched"), "{}", r.detail);
     // A plain record on a CloudEvents consumer.

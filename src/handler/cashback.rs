@@ -228,7 +228,7 @@ impl Handler for Cashback {
         let kafka_ts: Vec<Option<chrono::DateTime<chrono::Utc>>> =
             rows.iter().map(|(_, m)| m.kafka_ts).collect();
         let outbox_ids: Vec<Uuid> = (rows.iter())
-            .map(|(_, m)| outbox_id(&ctx.consumer, m.event_date, &m.message_id))
+            .map(|(_, m)| outbox_id(ctx.consumer, m.event_date, &m.message_id))
             .collect();
         let stmt = tx.prepare_cached(APPLY).await?;
         let row = tx

@@ -55,7 +55,7 @@ pub struct Processors {
     pub stats: Arc<Stats>,
     /// `database.transaction_deadline`: the longest a round waits for PostgreSQL.
     pub deadline: std::time::Duration,
-    /// Each processor task beats here once a round (see [`Processors::period`]).
+    /// Each processor task beats here once a round (see `Processors::period`).
     pub health: crate::health::ConsumerHealth,
 }
 

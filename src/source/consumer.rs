@@ -18,7 +18,7 @@
 //!   tasks run on through it. (An eager assignor set in `kafka.options` works the same way,
 //!   with every partition revoked and claimed again at each rebalance.)
 //! - A partition task that was fenced is claimed again a few seconds later if the group still
-//!   assigns the partition here ([`FENCED_RECLAIM_AFTER`]); with the cooperative protocol no
+//!   assigns the partition here (`FENCED_RECLAIM_AFTER`); with the cooperative protocol no
 //!   rebalance would otherwise restart it.
 //! - A partition task whose batch found the offset store gone back (PostgreSQL lost its last
 //!   commits) is claimed again at once, and its new task seeks to the offset the claim reads.

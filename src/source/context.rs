@@ -1,6 +1,6 @@
 //! The librdkafka context of a consumer: the rebalance callback, which blocks while the
 //! coordinator ([`super::consumer`]) claims the assigned partitions in PostgreSQL, starts their
-//! tasks, or drains the revoked ones (the [`Event`]s it sends), and librdkafka's statistics,
+//! tasks, or drains the revoked ones (the `Event`s it sends), and librdkafka's statistics,
 //! which feed the lag gauge from the offsets PostgreSQL stores.
 
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};

@@ -15,7 +15,7 @@
 //!   `effectively_offset_out_of_range_resets_total{end}` counts it. A re-read is harmless: the
 //!   dedupe keys skip what was applied.
 //!
-//! Where: at the **claim** ([`at_claim`], before the assignment: the partition is assigned at
+//! Where: at the **claim** (`at_claim`, before the assignment: the partition is assigned at
 //! the position decided here), and **while consuming**, when librdkafka reports
 //! `RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET` on the partition's queue (the partition task's
 //! `after_reset_error`, in [`super::partition`]: the fetch at the task's position was out of

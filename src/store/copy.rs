@@ -250,8 +250,15 @@ mod tests {
             cloudevent: Some(std::sync::Arc::new(serde_json::json!({"id": "1"}))),
             ..env.clone()
         };
-        assert_eq!(encode(&[&ce], false, true, None).len(), 19 + 91 + 2, "ce only with the payload");
+        assert_eq!(
+            encode(&[&ce], false, true, None).len(),
+            19 + 91 + 2,
+            "ce only with the payload"
+        );
         let attrs = br#"{"id":"1"}"#.len();
-        assert_eq!(encode(&[&ce], true, true, None).len(), 19 + 91 + 3 + 1 + attrs + 2);
+        assert_eq!(
+            encode(&[&ce], true, true, None).len(),
+            19 + 91 + 3 + 1 + attrs + 2
+        );
     }
 }

@@ -20,7 +20,7 @@
 //! fence sends that partition's batch back to its own task (whose transaction finds out why:
 //! fenced, went back, or committed already) and the group runs again without it; any other
 //! failure sends every batch of the group back, each then committed on its own by
-//! [`super::segments`], with its retries and its split in halves. Nothing is half-applied: the
+//! `super::segments`, with its retries and its split in halves. Nothing is half-applied: the
 //! group's transaction commits whole or not at all.
 
 use std::collections::{HashMap, HashSet};

@@ -38,8 +38,8 @@ pub struct Inbox {
 }
 
 /// Refreshes PostgreSQL's statistics of the inbox partitions a burst lands in, once this
-/// process has stored [`Freshness::ROWS`] rows since the last refresh (at most every
-/// [`Freshness::EVERY`]).
+/// process has stored `Freshness::ROWS` rows since the last refresh (at most every
+/// `Freshness::EVERY`).
 ///
 /// The processors' statements are shaped not to depend on statistics (see `store::inbox`), but
 /// a burst into a consumer, or onto a table whose last `ANALYZE` saw only DONE rows, is still

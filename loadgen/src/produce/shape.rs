@@ -65,7 +65,8 @@ pub(super) fn as_cloudevent(run: &Run, mut rec: Record) -> Record {
             event["id"] = id.into();
         }
         rec.payload = serde_json::to_vec(&event).expect("a JSON object serialises");
-        rec.headers.push(("content-type", "application/cloudevents+json".into()));
+        rec.headers
+            .push(("content-type", "application/cloudevents+json".into()));
     } else {
         rec.headers.push(("ce_specversion", "1.0".into()));
         if let Some(id) = id {
@@ -74,7 +75,8 @@ pub(super) fn as_cloudevent(run: &Run, mut rec: Record) -> Record {
         rec.headers.push(("ce_source", source(run)));
         rec.headers.push(("ce_type", "payment.succeeded".into()));
         rec.headers.push(("ce_time", time));
-        rec.headers.push(("content-type", "application/json".into()));
+        rec.headers
+            .push(("content-type", "application/json".into()));
     }
     rec
 }
