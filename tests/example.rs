@@ -51,7 +51,11 @@ async fn the_example_handler_applies_each_order_once() {
             (e1, order(&a, 12_345)), // a resend: the dedupe key
             (e2, order(&a, 12_345)), // placed again, new event id: the order's key
             (e3, order(&b, 900)),
-            (Uuid::now_v7(), serde_json::json!({"order_id": "x"})), // not an order: parked
+            // Dated, but not an order: parked by the handler's check.
+            (
+                Uuid::now_v7(),
+                serde_json::json!({"order_id": "x", "placed_at": chrono::Utc::now().to_rfc3339()}),
+            ),
         ],
     )
     .await;

@@ -412,3 +412,62 @@ async fn tombstones_are_parked_by_default_and_skipped_when_asked() {
         worker.stop().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_handler_reads_a_cloudevents_attributes_and_data() {
+    let (topic, consumer) = (common::unique("keys-cesql"), common::unique("keys-cesql"));
+    common::create_topic(&topic, 1).await;
+    let db = common::pg().await;
+    let table = consumer.replace('-', "_");
+    db.batch_execute(&format!(
+        "CREATE TABLE {table} (event_id uuid PRIMARY KEY, type text, source text, ce_id text,
+                               amount bigint)"
+    ))
+    .await
+    .unwrap();
+    let user = common::unique("u");
+    let (a, b) = (Payment::new(&user, 1_000), Payment::new(&user, 2_000));
+    send(
+        &topic,
+        &[
+            binary("/shop", "o-1", &a, true),
+            structured("/shop", "o-2", &b),
+        ],
+    )
+    .await;
+    let handler = format!(
+        r#"{{ kind = "sql", statement = "INSERT INTO {table} SELECT message_id, ce->>'type', ce->>'source', ce->>'id', (payload->>'amount_paise')::bigint FROM fresh_messages ORDER BY message_id" }}"#
+    );
+    let worker = common::start(common::config(
+        &consumer,
+        &topic,
+        &handler,
+        "envelope = \"cloudevents\"",
+    ))
+    .await;
+    drained(&db, &consumer, &topic, 2).await;
+    let rows: Vec<(String, String, String, i64)> = db
+        .query(
+            &format!("SELECT type, source, ce_id, amount FROM {table} ORDER BY ce_id"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let row = |id: &str, amount| {
+        (
+            "payment.succeeded".to_string(),
+            "/shop".to_string(),
+            id.to_string(),
+            amount,
+        )
+    };
+    assert_eq!(
+        rows,
+        vec![row("o-1", 1_000), row("o-2", 2_000)],
+        "both modes' attributes in ce, the data as payload"
+    );
+    worker.stop().await.unwrap();
+}
