@@ -34,6 +34,9 @@ impl PartitionMetrics {
                 "reason" => reason.as_str())
             .increment(0);
         }
+        counter!(RECORDS_SKIPPED, "consumer" => consumer.to_string(), "topic" => topic.to_string(),
+            "reason" => crate::envelope::Reason::Tombstone.as_str())
+        .increment(0);
         counter!(FENCED, &labels).increment(0);
         counter!(OFFSET_STORE_WENT_BACK, &labels).increment(0);
         counter!(OFFSET_STORE_REWOUND, &labels).increment(0);
