@@ -261,6 +261,33 @@ async fn uuid_keys_are_unchanged_when_text_ids_are_turned_on() {
     assert!(made_by.contains("any_string = true"), "{made_by}");
     assert_eq!(previous.as_deref(), Some(recorded.made_by.as_str()));
     after.stop().await.unwrap();
+
+    // A deploy that would go back to the old settings: check-config --connect warns.
+    let dir = std::env::temp_dir().join(common::unique("keys-check"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("effectively.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[kafka]\nbrokers = \"{}\"\n[database]\nurl = \"{}\"\n[[consumer]]\nname = \"{consumer}\"\n\
+             topics = [\"{topic}\"]\nhandler = {{ kind = \"cashback\" }}\n",
+            common::kafka_brokers(),
+            common::database_url()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_effectively"))
+        .args(["check-config", "--connect", "--config"])
+        .arg(&file)
+        .output()
+        .expect("running effectively");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains(&format!("WARNING consumer {consumer:?}")) && text.contains("any_string = true"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
