@@ -31,6 +31,11 @@ migrate: up
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+# The crate's documentation, built as docs.rs would, failing on any rustdoc warning (a broken or
+# private link). Not in `make test`: it checks every dependency again (about two minutes here).
+.PHONY: doc
+doc:
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p effectively
 
 # The Prometheus config, alert rules (with their unit tests) and Grafana dashboard under grafana/:

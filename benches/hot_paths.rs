@@ -1,5 +1,5 @@
 //! Micro-benchmarks of the per-record hot paths (criterion): decoding an envelope with the id
-//! in a header or behind a JSON pointer, admitting a batch (decode, window and handler
+//! in a header or behind a JSON pointer, a text id, a template and a binary CloudEvent, admitting a batch (decode, window and handler
 //! checks), and encoding a batch for binary COPY. `cargo bench --bench hot_paths`.
 
 use std::hint::black_box;
@@ -60,6 +60,61 @@ fn decode(c: &mut Criterion) {
     );
     g.bench_function("json_pointer_id", |b| {
         b.iter(|| r.with_view(|v| black_box(by_pointer.decode(v)).is_ok()))
+    });
+    // A text id: the same header, read as any string (a UUID stays one: the parse, no hash).
+    let text_ids = |source| {
+        Decoder::new(
+            &MessageIdConfig {
+                source,
+                any_string: true,
+            },
+            &EventDateSource::JsonPointer("/occurred_at".into()),
+            1 << 20,
+            true,
+        )
+    };
+    let stripe = Raw {
+        headers: vec![(
+            "event_id".into(),
+            Some(Bytes::from_static(b"evt_1NxYzAbCdEfGhIjKlMnOpQr")),
+        )],
+        ..raw(1)
+    };
+    let by_text = text_ids(MessageIdSource::Header("event_id".into()));
+    g.bench_function("text_id_v5", |b| {
+        b.iter(|| stripe.with_view(|v| black_box(by_text.decode(v)).is_ok()))
+    });
+    let template = text_ids(MessageIdSource::Template(
+        "{/payment_id}:{/user_id}".parse().unwrap(),
+    ));
+    g.bench_function("template_id", |b| {
+        b.iter(|| r.with_view(|v| black_box(template.decode(v)).is_ok()))
+    });
+    let cloudevent = Raw {
+        headers: vec![
+            ("ce_specversion".into(), Some(Bytes::from_static(b"1.0"))),
+            ("ce_id".into(), Some(Bytes::from_static(b"evt_1"))),
+            ("ce_source".into(), Some(Bytes::from_static(b"/billing"))),
+            (
+                "ce_type".into(),
+                Some(Bytes::from_static(b"payment.succeeded")),
+            ),
+            (
+                "ce_time".into(),
+                Some(Bytes::from_static(b"2026-12-07T10:00:00Z")),
+            ),
+        ],
+        ..raw(1)
+    };
+    let ce = Decoder::new(
+        &MessageIdConfig::default(),
+        &EventDateSource::Auto,
+        1 << 20,
+        true,
+    )
+    .with_envelope(effectively::config::EnvelopeKind::CloudEvents);
+    g.bench_function("cloudevents_binary", |b| {
+        b.iter(|| cloudevent.with_view(|v| black_box(ce.decode(v)).is_ok()))
     });
     g.finish();
 }

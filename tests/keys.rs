@@ -282,9 +282,14 @@ async fn uuid_keys_are_unchanged_when_text_ids_are_turned_on() {
         .output()
         .expect("running effectively");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        text.contains(&format!("WARNING consumer {consumer:?}")) && text.contains("any_string = true"),
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("WARNING consumer {consumer:?}"))
+            && text.contains("any_string = true"),
         "{text}"
     );
     std::fs::remove_dir_all(&dir).ok();

@@ -252,6 +252,12 @@ async fn the_full_walk_credits_once_sends_one_sms_and_writes_one_cashback_event(
     let messages = stub.messages();
     assert_eq!(messages.len(), 10, "one SMS per payment");
     for (_, p) in &payments {
-        assert_eq!(stub.effects_for(&format!("{channel}:{}", p.event_id)), 1);
+        // A notification's id is its credit's outbox id (consumer, event date, message id).
+        let id = effectively::handler::cashback::outbox_id(
+            &consumer,
+            p.occurred_at.date_naive(),
+            &p.event_id,
+        );
+        assert_eq!(stub.effects_for(&format!("{channel}:{id}")), 1);
     }
 }
