@@ -273,19 +273,10 @@ impl Decoder {
         if self.cloudevents {
             return self.decode_cloudevent(raw);
         }
-        // What can be read before the payload is (a header, a key taken as it is), so that even
-        // an empty or oversized record is parked with its id.
-        let early = match &self.message_id {
-            IdSource::Header(name) => Some(
-                text_from_header(raw.headers, name, "message id")
-                    .and_then(|t| self.key_from_text(&t, || format!("header {name:?}"))),
-            ),
-            IdSource::Key if !self.decodes_key() => Some(
-                key_text(raw.key, None)
-                    .and_then(|t| self.key_from_text(&t, || "the record key".into())),
-            ),
-            _ => None,
-        };
+        // An id that needs neither the payload nor a decoded key (a header, a key taken as it
+        // is) is read first, so that even an empty or oversized record is parked with its id.
+        let early = (!self.id_reads_payload() && !self.id_reads_decoded_key())
+            .then(|| self.message_key(raw, None, None));
         let known = match &early {
             Some(Ok(k)) => Some(k.clone()),
             _ => None,
@@ -308,16 +299,7 @@ impl Decoder {
             }
             Some(p) => p,
         };
-        if payload.len() > self.max_payload_bytes {
-            return Err(reject(Rejection::new(
-                Reason::OversizedPayload,
-                format!(
-                    "payload of {} bytes exceeds the limit of {}",
-                    payload.len(),
-                    self.max_payload_bytes
-                ),
-            )));
-        }
+        self.check_size(payload).map_err(reject)?;
 
         let early = early.transpose()?;
         let (payload, json) = match self
@@ -355,7 +337,7 @@ impl Decoder {
             text: message_key,
         } = match early {
             Some(k) => k,
-            None => self.late_key(raw, json.as_ref(), key_value.as_ref())?,
+            None => self.message_key(raw, json.as_ref(), key_value.as_ref())?,
         };
 
         let event_date = self
@@ -406,16 +388,7 @@ impl Decoder {
                 Err(_) => r,
             });
         };
-        if value.len() > self.max_payload_bytes {
-            return Err(Rejection::new(
-                Reason::OversizedPayload,
-                format!(
-                    "payload of {} bytes exceeds the limit of {}",
-                    value.len(),
-                    self.max_payload_bytes
-                ),
-            ));
-        }
+        self.check_size(value)?;
         let event = cloudevents::read(raw.headers, Some(value))?;
         let reject = |r: Rejection| keyed(&event, r);
         let event_date = event.date().map_err(reject)?;
@@ -509,13 +482,37 @@ impl Decoder {
         }
     }
 
-    /// Whether record keys go through the registry (then `{key}` is the decoded key's text).
-    fn decodes_key(&self) -> bool {
-        self.registered.as_ref().is_some_and(|r| r.key.is_some())
+    /// Whether the message id comes (in part) from the record key as the registry decodes it.
+    fn id_reads_decoded_key(&self) -> bool {
+        let decodes_key = self.registered.as_ref().is_some_and(|r| r.key.is_some());
+        decodes_key
+            && match &self.message_id {
+                IdSource::Key => true,
+                IdSource::Template { parts, .. } => {
+                    parts.iter().any(|p| matches!(p, TemplatePart::Key))
+                }
+                IdSource::Header(_) | IdSource::Pointer(_) => false,
+            }
     }
 
-    /// The message id of a source that needs the payload or the decoded key.
-    fn late_key(
+    /// A payload over `max_payload_bytes` is parked as oversized.
+    fn check_size(&self, payload: &[u8]) -> Result<(), Rejection> {
+        if payload.len() <= self.max_payload_bytes {
+            return Ok(());
+        }
+        Err(Rejection::new(
+            Reason::OversizedPayload,
+            format!(
+                "payload of {} bytes exceeds the limit of {}",
+                payload.len(),
+                self.max_payload_bytes
+            ),
+        ))
+    }
+
+    /// The message id, from whatever its source reads: the record's headers and key, the parsed
+    /// payload (`json`), the decoded key (`key_value`).
+    fn message_key(
         &self,
         raw: &RawRecord<'_>,
         json: Option<&Value>,
