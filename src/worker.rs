@@ -126,8 +126,7 @@ impl Worker {
             longest_retention = longest_retention.max(days);
             let made_by = c.keys_made_by();
             if let Some(before) = crate::store::keys::record(&client, &c.name, &made_by).await? {
-                tracing::warn!(consumer = %c.name, before = %before.made_by, since = %before.since,
-                    now = %made_by, retention_days = days,
+                tracing::warn!(consumer = %c.name, %before, now = %made_by, retention_days = days,
                     "this consumer's dedupe keys are now made another way: a copy of an event \
                      applied before the change gets another key and will be applied again, until \
                      the old keys pass retention");

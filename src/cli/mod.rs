@@ -353,8 +353,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?;
                 println!("  connect kafka: ok ({brokers} broker(s) in the metadata)");
                 let db = store::pool::connect_to(&config.database).await?;
-                for c in &config.consumers {
-                    key_drift(&db, c).await?;
+                // A database without V12 yet has nothing recorded to compare.
+                let keys: Option<String> = db
+                    .query_one("SELECT to_regclass('consumer_keys')::text", &[])
+                    .await?
+                    .get(0);
+                if keys.is_some() {
+                    for c in &config.consumers {
+                        key_drift(&db, c).await?;
+                    }
                 }
                 let ssl: bool = db
                     .query_one(
@@ -638,14 +645,6 @@ async fn key_drift<C: tokio_postgres::GenericClient + Sync>(
     c: &crate::config::ConsumerConfig,
 ) -> anyhow::Result<()> {
     let now = c.keys_made_by();
-    // A database without V12 yet: nothing recorded, nothing to compare.
-    let migrated: Option<String> = db
-        .query_one("SELECT to_regclass('consumer_keys')::text", &[])
-        .await?
-        .get(0);
-    if migrated.is_none() {
-        return Ok(());
-    }
     match store::keys::recorded(db, &c.name).await? {
         Some(r) if r.made_by != now => println!(
             "  WARNING consumer {:?}: its ledger's keys were made by {} (since {}); this file \

@@ -38,24 +38,22 @@ pub async fn recorded<C: GenericClient + Sync>(
 }
 
 /// Records that `made_by` makes `consumer`'s keys from now on. Returns what made them before,
-/// when that was something else.
+/// when that was something else. One statement: two workers starting with the same new settings
+/// record the change once (the second finds the row already changed, and the condition skips it).
 pub async fn record<C: GenericClient + Sync>(
     client: &C,
     consumer: &str,
     made_by: &str,
-) -> Result<Option<Recorded>, StoreError> {
-    let before = recorded(client, consumer).await?;
-    match &before {
-        Some(b) if b.made_by == made_by => return Ok(None),
-        _ => {}
-    }
-    client
-        .execute(
-            "INSERT INTO consumer_keys (consumer, made_by) VALUES ($1, $2)
+) -> Result<Option<String>, StoreError> {
+    let row = client
+        .query_opt(
+            "INSERT INTO consumer_keys AS k (consumer, made_by) VALUES ($1, $2)
              ON CONFLICT (consumer) DO UPDATE
-             SET previous = consumer_keys.made_by, made_by = EXCLUDED.made_by, since = now()",
+             SET previous = k.made_by, made_by = EXCLUDED.made_by, since = now()
+             WHERE k.made_by IS DISTINCT FROM EXCLUDED.made_by
+             RETURNING previous",
             &[&consumer, &made_by],
         )
         .await?;
-    Ok(before)
+    Ok(row.and_then(|r| r.get(0)))
 }
