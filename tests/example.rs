@@ -8,30 +8,14 @@ mod common;
 #[path = "../examples/loyalty_points.rs"]
 mod example;
 
-use std::time::Duration;
-
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::FutureRecord;
 use uuid::Uuid;
 
+/// Sends `(event id, JSON body)` records to partition 0, in order.
 async fn send(topic: &str, records: &[(Uuid, serde_json::Value)]) {
-    let producer = common::producer();
-    for (id, body) in records {
-        let id = id.to_string();
-        let payload = serde_json::to_vec(body).unwrap();
-        let rec = FutureRecord::<str, [u8]>::to(topic)
-            .partition(0)
-            .key("k")
-            .payload(&payload)
-            .headers(OwnedHeaders::new().insert(Header {
-                key: "event_id",
-                value: Some(id.as_bytes()),
-            }));
-        producer
-            .send(rec, Duration::from_secs(30))
-            .await
-            .expect("delivery");
-    }
+    let records: Vec<(Option<String>, Vec<u8>)> = (records.iter())
+        .map(|(id, body)| (Some(id.to_string()), serde_json::to_vec(body).unwrap()))
+        .collect();
+    common::send_raw(&common::producer(), topic, Some(0), &records).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

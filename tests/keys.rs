@@ -66,22 +66,6 @@ async fn drained(db: &tokio_postgres::Client, consumer: &str, topic: &str, n: i6
     .await;
 }
 
-/// `(reason, message_key, detail)` of each dead letter of `consumer`, in offset order.
-async fn parked(
-    db: &tokio_postgres::Client,
-    consumer: &str,
-) -> Vec<(String, Option<String>, String)> {
-    db.query(
-        "SELECT reason, message_key, detail FROM dead_letters WHERE consumer = $1 ORDER BY \"offset\"",
-        &[&consumer],
-    )
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| (r.get(0), r.get(1), r.get(2)))
-    .collect()
-}
-
 async fn keys_of(db: &tokio_postgres::Client, consumer: &str) -> Vec<Uuid> {
     db.query(
         "SELECT message_id FROM processed_messages WHERE consumer = $1 ORDER BY message_id",
@@ -151,10 +135,10 @@ async fn stripe_like_ids_are_applied_once_and_kept_readable() {
     let s = worker.stats(&consumer).unwrap().snapshot();
     assert_eq!((s.duplicates, s.parked), (20, 2), "{s:?}");
 
-    let dead = parked(&db, &consumer).await;
-    assert_eq!(dead[0].0, "missing_event_id", "{dead:?}");
+    let dead = common::dead_letters(&db, &consumer).await;
+    assert_eq!(dead[0].reason, "missing_event_id", "{dead:?}");
     assert_eq!(
-        (dead[1].0.as_str(), dead[1].1.as_deref()),
+        (dead[1].reason.as_str(), dead[1].message_key.as_deref()),
         ("no_event_date", Some("whk_delivery_9")),
         "the text is kept beside the parked record: {dead:?}"
     );
@@ -200,11 +184,11 @@ async fn a_template_key_catches_a_double_tap_sent_with_a_new_event_id() {
         (1, 1, 0, 1),
         "the ledger's key caught the double tap, not the handler's business key: {s:?}"
     );
-    let dead = parked(&db, &consumer).await;
+    let dead = common::dead_letters(&db, &consumer).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
-    assert_eq!(dead[0].0, "missing_event_id");
+    assert_eq!(dead[0].reason, "missing_event_id");
     assert!(
-        dead[0].2.contains("{/payment_id}:{/status}") && dead[0].2.contains("/status"),
+        dead[0].detail.contains("{/payment_id}:{/status}") && dead[0].detail.contains("/status"),
         "{dead:?}"
     );
     worker.stop().await.unwrap();
@@ -320,9 +304,9 @@ async fn the_record_key_can_be_the_message_id() {
     let db = common::pg().await;
     drained(&db, &consumer, &topic, 3).await;
     assert_eq!(keys_of(&db, &consumer).await, vec![v5("order-77")]);
-    let dead = parked(&db, &consumer).await;
+    let dead = common::dead_letters(&db, &consumer).await;
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].0, "missing_event_id", "{dead:?}");
+    assert_eq!(dead[0].reason, "missing_event_id", "{dead:?}");
     worker.stop().await.unwrap();
 }
 
@@ -394,14 +378,17 @@ async fn cloudevents_are_keyed_by_source_and_id_in_either_mode() {
     expected.sort();
     assert_eq!(keys_of(&db, &consumer).await, expected);
     assert_eq!(worker.stats(&consumer).unwrap().snapshot().duplicates, 1);
-    let dead = parked(&db, &consumer).await;
-    let reasons: Vec<&str> = dead.iter().map(|d| d.0.as_str()).collect();
+    let dead = common::dead_letters(&db, &consumer).await;
+    let reasons: Vec<&str> = dead.iter().map(|d| d.reason.as_str()).collect();
     assert_eq!(
         reasons,
         ["no_event_date", "tombstone", "missing_event_id"],
         "{dead:?}"
     );
-    assert_eq!(dead[0].1.as_deref(), Some(r#"["/billing","evt_2"]"#));
+    assert_eq!(
+        dead[0].message_key.as_deref(),
+        Some(r#"["/billing","evt_2"]"#)
+    );
     worker.stop().await.unwrap();
 }
 
@@ -438,8 +425,8 @@ async fn tombstones_are_parked_by_default_and_skipped_when_asked() {
         let s = worker.stats(&consumer).unwrap().snapshot();
         assert_eq!(s.skipped, 2 - parked_expected as u64, "{setting:?}: {s:?}");
         if parked_expected > 0 {
-            let dead = parked(&db, &consumer).await;
-            assert!(dead.iter().all(|d| d.0 == "tombstone"), "{dead:?}");
+            let dead = common::dead_letters(&db, &consumer).await;
+            assert!(dead.iter().all(|d| d.reason == "tombstone"), "{dead:?}");
         }
         worker.stop().await.unwrap();
     }

@@ -475,6 +475,8 @@ pub struct DeadLetter {
     pub partition: i32,
     pub offset: i64,
     pub message_id: Option<uuid::Uuid>,
+    /// The text a text id was made from.
+    pub message_key: Option<String>,
     pub reason: String,
     pub detail: String,
     pub key: Option<Vec<u8>>,
@@ -488,7 +490,7 @@ pub struct DeadLetter {
 pub async fn dead_letters(db: &tokio_postgres::Client, consumer: &str) -> Vec<DeadLetter> {
     db.query(
         "SELECT topic, partition, \"offset\", message_id, reason, detail, key, header_names,
-                header_values, payload, attempts
+                header_values, payload, attempts, message_key
          FROM dead_letters WHERE consumer = $1 ORDER BY topic, partition, \"offset\"",
         &[&consumer],
     )
@@ -507,6 +509,7 @@ pub async fn dead_letters(db: &tokio_postgres::Client, consumer: &str) -> Vec<De
         header_values: r.get(8),
         payload: r.get(9),
         attempts: r.get(10),
+        message_key: r.get(11),
     })
     .collect()
 }
