@@ -29,16 +29,12 @@ pub(super) struct InboxRuns {
 impl InboxRuns {
     /// Rows/s of the runs with `workers` x `processors`: the median of its runs.
     pub(super) fn rows_s(&self, workers: usize, processors: usize) -> f64 {
-        let mut runs: Vec<f64> = (self.curve.iter())
-            .filter(|r| r.workers == workers && r.processors == processors)
-            .map(|r| r.process.msg_s)
-            .collect();
-        runs.sort_by(f64::total_cmp);
-        match runs.len() {
-            0 => 0.0,
-            n if n % 2 == 1 => runs[n / 2],
-            n => (runs[n / 2 - 1] + runs[n / 2]) / 2.0,
-        }
+        median(
+            (self.curve.iter())
+                .filter(|r| r.workers == workers && r.processors == processors)
+                .map(|r| r.process.msg_s)
+                .collect(),
+        )
     }
 
     /// (slowest, fastest) rows/s of the runs with `workers` x `processors`.
@@ -49,8 +45,37 @@ impl InboxRuns {
             .fold((f64::INFINITY, 0.0), |(lo, hi), x| (lo.min(x), hi.max(x)))
     }
 
+    /// Each step of [`SHAPES`] (2/1, 4/2, 8/4, 2x4/8) within each round of the curve, then
+    /// the median over the rounds. The shapes of one round run minutes apart, the rounds tens
+    /// of minutes: a drift of the shared machine between rounds (the first round at half the
+    /// third's speed, 2026-12-07) moves every shape of a round together, so a ratio within a
+    /// round keeps the step and drops the drift, where the medians of the shapes mix both.
+    pub(super) fn paired_steps(&self) -> Vec<f64> {
+        let rounds: Vec<&[InboxRun]> = self.curve.chunks_exact(SHAPES.len()).collect();
+        (1..SHAPES.len())
+            .map(|k| {
+                median(
+                    (rounds.iter())
+                        .map(|r| r[k].process.msg_s / r[k - 1].process.msg_s)
+                        .filter(|x| x.is_finite())
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
     pub(super) fn verified(&self) -> bool {
         !self.curve.is_empty() && self.curve.iter().all(|r| r.verified)
+    }
+}
+
+/// The middle value (the mean of the two middle ones for an even count); 0 for none.
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    match xs.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
     }
 }
 
@@ -345,5 +370,52 @@ pub(super) fn phase(
         pg_cpu_us_per_row: db.pg_cpu_us_per(count),
         db,
         top_statements: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(rows_s: &[f64]) -> InboxRuns {
+        let curve = (rows_s.iter().zip(SHAPES.iter().cycle()))
+            .map(|(&msg_s, &(workers, processors))| InboxRun {
+                workers,
+                processors,
+                process: InboxPhase {
+                    msg_s,
+                    ..InboxPhase::default()
+                },
+                ..InboxRun::default()
+            })
+            .collect();
+        InboxRuns {
+            curve,
+            ..InboxRuns::default()
+        }
+    }
+
+    #[test]
+    fn paired_steps_drop_the_drift_between_rounds() {
+        // The full-scale curve of 2026-12-07 (rows/s of 1, 2, 4, 8, 2x4 in three rounds): the
+        // third round ran at twice the first's speed, so 8's median (9,226) sat above 4's
+        // (5,968) and 2's (6,798), while within every round 4 fell below 2.
+        let r = runs(&[
+            4528.0, 5066.0, 4347.0, 4870.0, 4339.0, //
+            4137.0, 6798.0, 5968.0, 9226.0, 6173.0, //
+            5472.0, 10435.0, 8603.0, 11480.0, 7728.0,
+        ]);
+        let paired: Vec<f64> = (r.paired_steps().iter())
+            .map(|x| (x * 1000.0).round() / 1000.0)
+            .collect();
+        assert_eq!(paired, [1.643, 0.858, 1.334, 0.673]);
+        assert_eq!(r.rows_s(1, 4), 5968.0);
+    }
+
+    #[test]
+    fn a_median_of_none_one_and_two() {
+        assert_eq!(median(vec![]), 0.0);
+        assert_eq!(median(vec![3.0]), 3.0);
+        assert_eq!(median(vec![4.0, 2.0]), 3.0);
     }
 }

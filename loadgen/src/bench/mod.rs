@@ -157,6 +157,10 @@ const INBOX_MAX: u64 = 100_000;
 /// about a second, inside which the processors' start and their slices settling were a large
 /// share, and quick scale contradicted full scale.
 const INBOX_MIN: u64 = 30_000;
+/// The River phase's least jobs: at 20,000 (quick scale until 2026-12-07) a tuned run lasted
+/// about a second, River's two tuned runs differed by 60%, and quick's tuned ratio (0.79)
+/// contradicted full scale's (1.99).
+const RIVER_MIN: u64 = 100_000;
 
 impl Sizes {
     fn from_scale(scale: &str) -> anyhow::Result<Sizes> {
@@ -176,7 +180,7 @@ impl Sizes {
             scale_out: (batch / 3).max(10_000),
             inbox: (batch / 10).clamp(INBOX_MIN, INBOX_MAX),
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
-            river: ((200_000.0 * f) as u64).max(2_000),
+            river: ((200_000.0 * f) as u64).max(RIVER_MIN),
             partitions: Duration::from_secs_f64((60.0 * f).max(20.0)),
             joins: Duration::from_secs_f64((100.0 * f).max(40.0)),
             codecs: (batch / 4).max(50_000),
@@ -217,6 +221,11 @@ struct BenchReport {
     inbox_curve_never_falls_past_noise: bool,
     /// Each step's median over the one before (2/1, 4/2, 8/4, 2x4/8).
     inbox_curve_steps: Vec<f64>,
+    /// Each step within each round of the curve (the shapes of a round run one after the
+    /// other), the median over the rounds: the step without the machine's drift between rounds.
+    inbox_curve_paired_steps: Vec<f64>,
+    /// Every paired step at least 0.95: adding processors never cost more than noise.
+    inbox_curve_never_falls_paired: bool,
     /// WAL bytes per record: the inbox's ingest and processing together (4-processor run),
     /// against the batch drain.
     inbox_wal_bytes_per_msg: f64,
@@ -504,6 +513,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
                     let met = if met { "met" } else { "NOT met" };
                     eprintln!("   with commit groups: {met}");
                 }
+                let said = |m: Option<bool>| match m {
+                    Some(true) => "met",
+                    Some(false) => "NOT met",
+                    None => "not run",
+                };
+                eprintln!(
+                    "   at the defaults ({}): {} over whole runs, {} in the steady state",
+                    scale.defaults_target,
+                    said(scale.defaults_target_met),
+                    said(scale.defaults_target_met_steady)
+                );
                 report.verified &= scale.verified;
                 report.partitions_scale = scale;
             }
@@ -627,6 +647,9 @@ fn report_inbox(report: &mut BenchReport, mut runs: InboxRuns) {
         .map(|&(w, p)| runs.range(w, p))
         .collect();
     report.inbox_curve_never_falls_past_noise = ranges.windows(2).all(|r| r[1].1 >= r[0].0);
+    report.inbox_curve_paired_steps = runs.paired_steps();
+    report.inbox_curve_never_falls_paired = !report.inbox_curve_paired_steps.is_empty()
+        && report.inbox_curve_paired_steps.iter().all(|&x| x >= 0.95);
     for (w, p) in inbox::SHAPES {
         let label = if w == 1 {
             p.to_string()
@@ -637,15 +660,18 @@ fn report_inbox(report: &mut BenchReport, mut runs: InboxRuns) {
     }
     eprintln!(
         "   inbox ingest {:.0} msg/s ({:.2} of batch); processing rows/s by processors: {:?} \
-         (4 over 1: {:.2}; never falls: {}, past noise: {}, steps {:?}); WAL per message: inbox {:.0} B, batch {:.0} B; row \
-         writes per message: inbox {:.2}, batch {:.2}",
+         (4 over 1: {:.2}; never falls: {}, past noise: {}, paired: {}; steps {:?}, paired {:?}); \
+         WAL per message: inbox {:.0} B, batch {:.0} B; row writes per message: inbox {:.2}, \
+         batch {:.2}",
         report.inbox_ingest_msg_s,
         report.inbox_ingest_vs_batch,
         report.inbox_processors_rows_s,
         report.inbox_4_vs_1,
         report.inbox_curve_never_falls,
         report.inbox_curve_never_falls_past_noise,
+        report.inbox_curve_never_falls_paired,
         report.inbox_curve_steps,
+        report.inbox_curve_paired_steps,
         report.inbox_wal_bytes_per_msg,
         report.batch_wal_bytes_per_msg,
         report.inbox_row_writes_per_msg,
