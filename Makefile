@@ -62,33 +62,26 @@ DEBUG_FEATURES := --features effectively/failpoints
 # Stripe-like ids (binary and structured copies of one event), and one short failover
 # scenario on the cluster stack (an asynchronous standby promoted without the primary's last
 # commits: nothing lost), the cluster stopped again.
-# To stay well under CI's 30 minutes: the stack starts while clippy runs, the test binaries
-# run in shards at once (scripts/test.sh), and the failover scenario, on its own stack, runs
-# while the chaos subset and the demos run (its log: target/test-shards/cluster.log). All of
-# them pass on what they verify (nothing lost, nothing applied twice), not on speed.
+# To stay well under CI's 30 minutes: the stack starts while clippy runs, and the test binaries
+# run in shards at once (scripts/test.sh). The failover scenario runs last, alone: beside the
+# demos it once failed its harness's wait for the standby (2026-12-07), so it keeps the machine.
 test:
 	$(MAKE) --no-print-directory -j3 --output-sync=target registry-up lint
 	$(MAKE) --no-print-directory monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) scripts/test.sh $(DEBUG_FEATURES)
-	@mkdir -p target/test-shards
-	@echo "failover scenario on the cluster stack, in the background (target/test-shards/cluster.log)"
-	( $(MAKE) --no-print-directory cluster-up && $(WITH_CLUSTER) target/debug/loadgen chaos-cluster --quick; \
-	  s=$$?; $(CLUSTER) down; exit $$s ) > target/test-shards/cluster.log 2>&1 & cluster=$$!; \
-	status=0; \
-	{ $(WITH_ENV) target/debug/loadgen chaos --quick && \
-	  $(WITH_ENV) target/debug/loadgen chaos --quick --strategy inbox --scenario hard-bounce && \
-	  $(WITH_ENV) target/debug/loadgen chaos --quick --group-partitions --scenario hard-bounce && \
-	  $(WITH_ENV) target/debug/loadgen orders --quick && \
-	  $(WITH_ENV) target/debug/loadgen orders --quick --mode delta && \
-	  DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh && \
-	  DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_VIA_OUTBOX=1 scripts/demo.sh && \
-	  DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_FORMAT=avro scripts/demo.sh && \
-	  DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_IDS=stripe DEMO_ENVELOPE=cloudevents scripts/demo.sh; \
-	} || status=1; \
-	wait $$cluster || status=1; \
-	echo "== failover scenario (target/test-shards/cluster.log)"; cat target/test-shards/cluster.log; \
-	exit $$status
+	$(WITH_ENV) target/debug/loadgen chaos --quick
+	$(WITH_ENV) target/debug/loadgen chaos --quick --strategy inbox --scenario hard-bounce
+	$(WITH_ENV) target/debug/loadgen chaos --quick --group-partitions --scenario hard-bounce
+	$(WITH_ENV) target/debug/loadgen orders --quick
+	$(WITH_ENV) target/debug/loadgen orders --quick --mode delta
+	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
+	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_VIA_OUTBOX=1 scripts/demo.sh
+	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_FORMAT=avro scripts/demo.sh
+	DEMO_SECONDS=10 DEMO_RATE=300 DEMO_PROFILE=debug DEMO_IDS=stripe DEMO_ENVELOPE=cloudevents scripts/demo.sh
+	$(MAKE) --no-print-directory cluster-up
+	status=0; $(WITH_CLUSTER) target/debug/loadgen chaos-cluster --quick || status=1; \
+	$(CLUSTER) down; exit $$status
 
 # Two workers, loadgen at 2,000 msg/s for 60 s with duplicates and poison, a rebalance
 # half-way, then the verification. DEMO_SECONDS, DEMO_RATE, DEMO_PROFILE, DEMO_VIA_OUTBOX,

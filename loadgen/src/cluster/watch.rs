@@ -284,21 +284,37 @@ impl Drop for AheadSampler {
     }
 }
 
-/// Waits (up to `limit`) until the standby at `url` has replayed all the WAL it received.
+/// How long a standby's replay must stand still, short of what it received, to count as
+/// frozen: a standby cut off mid-stream can hold the first part of a WAL record whose rest
+/// never comes, and it never replays that part (promotion drops it).
+const REPLAY_STILL: Duration = Duration::from_secs(2);
+
+/// Waits (up to `limit`) until the standby at `url` has replayed all the WAL it received, or
+/// all it can: its replay stood still for [`REPLAY_STILL`] (see there).
 pub(crate) async fn replayed(url: &str, limit: Duration) -> anyhow::Result<()> {
     let db = connect(url, Duration::from_secs(5)).await?;
     let started = std::time::Instant::now();
+    let mut still: Option<(String, std::time::Instant)> = None;
     loop {
-        let done: bool = db
+        let row = db
             .query_one(
                 "SELECT pg_is_in_recovery() AND coalesce(
-                     pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true)",
+                     pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true),
+                        pg_is_in_recovery(), coalesce(pg_last_wal_replay_lsn()::text, '')",
                 &[],
             )
-            .await?
-            .get(0);
+            .await?;
+        let (done, recovering, at): (bool, bool, String) = (row.get(0), row.get(1), row.get(2));
         if done {
             return Ok(());
+        }
+        match &still {
+            Some((lsn, since)) if *lsn == at => {
+                if recovering && since.elapsed() >= REPLAY_STILL {
+                    return Ok(());
+                }
+            }
+            _ => still = Some((at, std::time::Instant::now())),
         }
         anyhow::ensure!(
             started.elapsed() < limit,
