@@ -4,8 +4,9 @@
 # The integration tests spend much of their time waiting on Kafka and PostgreSQL (a rebalance,
 # a session timeout, a drain), so three binaries at a time finish sooner than one at a time,
 # even on two cores: 3 min 40 s with TEST_SHARDS=3 (the default), 5 min 38 s with 2, 7 min 56 s
-# with 1 (2026-12-07, one run each on a fresh stack). Each binary still runs its own tests in parallel, as `cargo test` does, and the
-# binaries share the stack, as they always have: every test makes its own topics and consumers.
+# with 1 (2026-12-07, one run each on a fresh stack). Each binary still runs its own tests in
+# parallel, as `cargo test` does, and the binaries share the stack, as they always have: every
+# test makes its own topics and consumers. Examples are built by the `--no-run` step below.
 #
 # Shards: the integration test targets of every workspace member in name order, dealt out in
 # turn, the unit tests with the first shard and the doctests after the last. A test that stops
