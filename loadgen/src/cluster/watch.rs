@@ -298,23 +298,23 @@ pub(crate) async fn replayed(url: &str, limit: Duration) -> anyhow::Result<()> {
     loop {
         let row = db
             .query_one(
-                "SELECT pg_is_in_recovery() AND coalesce(
-                     pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true),
-                        pg_is_in_recovery(), coalesce(pg_last_wal_replay_lsn()::text, '')",
+                "SELECT pg_is_in_recovery(),
+                        coalesce(pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn(), true),
+                        coalesce(pg_last_wal_replay_lsn()::text, '')",
                 &[],
             )
             .await?;
-        let (done, recovering, at): (bool, bool, String) = (row.get(0), row.get(1), row.get(2));
-        if done {
-            return Ok(());
-        }
-        match &still {
-            Some((lsn, since)) if *lsn == at => {
-                if recovering && since.elapsed() >= REPLAY_STILL {
-                    return Ok(());
+        let (recovering, caught_up, at): (bool, bool, String) =
+            (row.get(0), row.get(1), row.get(2));
+        if recovering {
+            match &still {
+                _ if caught_up => return Ok(()),
+                Some((lsn, since)) if *lsn == at && since.elapsed() >= REPLAY_STILL => {
+                    return Ok(())
                 }
+                Some((lsn, _)) if *lsn == at => {}
+                _ => still = Some((at, std::time::Instant::now())),
             }
-            _ => still = Some((at, std::time::Instant::now())),
         }
         anyhow::ensure!(
             started.elapsed() < limit,
