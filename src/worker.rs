@@ -208,6 +208,11 @@ impl Worker {
                 partitions: Arc::clone(&known),
                 stats: s,
                 health: health.consumer(&c.name),
+                control: crate::source::control::SourceControl::new(
+                    c,
+                    pg.clone(),
+                    config.database.transaction_deadline,
+                ),
             });
         }
         for source in sources {

@@ -9,6 +9,7 @@ use crate::config::{Config, Strategy};
 use crate::handler::Registry;
 use crate::store;
 
+mod control;
 mod inbox;
 mod parked;
 
@@ -118,6 +119,20 @@ pub enum Command {
         #[command(subcommand)]
         action: parked::DeadLetterAction,
     },
+    /// A consumer's stored offsets beside Kafka's log (`show`), and moving them while workers
+    /// run (`reset`: rewind to a time, an offset, the start or the end).
+    Offsets {
+        #[command(subcommand)]
+        action: control::OffsetsAction,
+    },
+    /// Stop reading a consumer, one topic or one partition, without a restart or a rebalance:
+    /// its partitions stay assigned, fetch nothing, and their lag grows. Survives restarts.
+    Pause(control::PauseArgs),
+    /// Read again what `pause` stopped (a resume of a consumer lifts its topics' and
+    /// partitions' pauses too).
+    Resume(control::PauseArgs),
+    /// Set a consumer's rate at run time (messages a second per worker), or lift it.
+    Throttle(control::ThrottleArgs),
     /// FAILED notifications: list, retry, discard.
     Notifications {
         #[command(subcommand)]
@@ -383,6 +398,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Inbox { action } => inbox::run(action).await,
         Command::DeadLetters { action } => parked::dead_letters(action).await,
         Command::Notifications { action } => parked::notifications(action).await,
+        Command::Offsets { action } => control::offsets(action).await,
+        Command::Pause(args) => control::pause(args, false).await,
+        Command::Resume(args) => control::pause(args, true).await,
+        Command::Throttle(args) => control::throttle(args).await,
         Command::BenchRetention {
             database_url,
             keys,

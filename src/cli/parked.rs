@@ -190,7 +190,7 @@ fn header(s: &str) -> Result<(String, String), String> {
 }
 
 /// A pool of one or two connections for a command's few statements.
-fn pool(config: &Config) -> anyhow::Result<deadpool_postgres::Pool> {
+pub(super) fn pool(config: &Config) -> anyhow::Result<deadpool_postgres::Pool> {
     let opts = store::pool::PoolOptions {
         size: 2,
         connect_timeout: config.database.connect_timeout,
@@ -203,7 +203,12 @@ fn pool(config: &Config) -> anyhow::Result<deadpool_postgres::Pool> {
 /// Asks to type `n` when more than one row would change, unless `--yes`. Refuses on a closed
 /// standard input: a script must say `--yes`.
 fn confirm(what: &str, n: u64, change: &ChangeArgs) -> anyhow::Result<bool> {
-    if n <= 1 || change.yes {
+    confirm_typed(what, n, change.yes)
+}
+
+/// [`confirm`] for commands with their own `--yes`.
+pub(super) fn confirm_typed(what: &str, n: u64, yes: bool) -> anyhow::Result<bool> {
+    if n <= 1 || yes {
         return Ok(true);
     }
     print!("{what}: {n} rows. Type {n} to go on: ");

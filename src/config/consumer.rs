@@ -80,6 +80,16 @@ pub struct ConsumerConfig {
     /// Schema Registry (see `crate::envelope::format`).
     #[serde(default)]
     pub payload: PayloadConfig,
+    /// Messages a second this consumer takes across each worker's partitions, for a replay that
+    /// must not swamp a shared primary. Each worker holds its own rate: two workers read up to
+    /// twice it. `effectively throttle` overrides it at run time. Default: no limit.
+    #[serde(default)]
+    pub max_rate: Option<u32>,
+    /// How many messages may go at once above `max_rate` after a quiet spell (the token
+    /// bucket's size, and the largest batch while throttled). Default: a tenth of a second's
+    /// worth, at least 1.
+    #[serde(default)]
+    pub max_rate_burst: Option<u32>,
 }
 
 fn default_max_payload_bytes() -> usize {
@@ -97,6 +107,10 @@ fn default_stall_after() -> Duration {
 fn default_partitions_ahead() -> u32 {
     3
 }
+/// A tenth of a second's worth of `rate`, at least 1.
+pub fn default_burst(rate: f64) -> u32 {
+    ((rate / 10.0).ceil() as u32).max(1)
+}
 fn default_rate_bp() -> u32 {
     200
 }
@@ -112,6 +126,16 @@ impl ConsumerConfig {
                 self.message_id, self.event_date
             ),
         }
+    }
+
+    /// `max_rate` and its burst, when set.
+    pub fn rate_limit(&self) -> Option<crate::store::control::Throttle> {
+        self.max_rate.map(|r| crate::store::control::Throttle {
+            max_rate: f64::from(r),
+            burst: self
+                .max_rate_burst
+                .unwrap_or_else(|| default_burst(f64::from(r))),
+        })
     }
 
     /// The Kafka consumer group: `group` if set, else `name`.
@@ -404,6 +428,14 @@ impl ConsumerConfig {
         }
         if retry.max_attempts < 1 {
             p.push("retry.max_attempts must be at least 1".into());
+        }
+        match self.max_rate {
+            Some(0) => p.push("max_rate must be at least 1 message a second".into()),
+            None if self.max_rate_burst.is_some() => p.push("max_rate_burst needs max_rate".into()),
+            _ => {}
+        }
+        if self.max_rate_burst == Some(0) {
+            p.push("max_rate_burst must be at least 1".into());
         }
         if self.strategy == Strategy::Inbox {
             p.extend(self.inbox.problems());

@@ -26,8 +26,8 @@ mod tls;
 mod version;
 pub use console::{check_addr as check_console_addr, ConsoleConfig, DEFAULT_CONSOLE_ADDR};
 pub use consumer::{
-    BatchConfig, ConsumerConfig, EnvelopeKind, EventDateSource, HandlerConfig, OffsetReset,
-    OnTombstone, OutOfRange, RetryConfig, Strategy,
+    default_burst, BatchConfig, ConsumerConfig, EnvelopeKind, EventDateSource, HandlerConfig,
+    OffsetReset, OnTombstone, OutOfRange, RetryConfig, Strategy,
 };
 pub use example::EXAMPLE;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
@@ -103,6 +103,11 @@ pub struct KafkaConfig {
     /// `[kafka.options]`: raw librdkafka properties (tuning), passed through; they override
     /// the engine's own.
     pub options: BTreeMap<String, String>,
+    /// Static group membership (KIP-345): each consumer joins with `group.instance.id =
+    /// <worker id>-<consumer>`, so a worker restarted within `session_timeout` gets its
+    /// partitions back without a rebalance of the group. Needs a stable `worker.id` (or
+    /// `EFFECTIVELY_WORKER_ID`). Default off.
+    pub static_membership: bool,
 }
 
 impl KafkaConfig {
@@ -137,6 +142,7 @@ impl Default for KafkaConfig {
             tls: None,
             sasl: None,
             options: BTreeMap::new(),
+            static_membership: false,
         }
     }
 }
@@ -158,6 +164,7 @@ impl fmt::Debug for KafkaConfig {
             .field("max_poll_interval", &self.max_poll_interval)
             .field("tls", &self.tls)
             .field("sasl", &self.sasl)
+            .field("static_membership", &self.static_membership)
             .field("options", &options)
             .finish()
     }
@@ -344,6 +351,15 @@ impl Config {
                 format_duration(worker.revoke_deadline),
                 format_duration(kafka.session_timeout)
             ));
+        }
+        if kafka.static_membership && worker.id.is_none() {
+            problems.push(
+                "kafka.static_membership needs a stable worker.id (or EFFECTIVELY_WORKER_ID, a \
+                 StatefulSet's pod name, say): the default <host>-<pid> changes at every restart, \
+                 and each restart would then leave a member behind that holds its partitions \
+                 until kafka.session_timeout"
+                    .into(),
+            );
         }
         if kafka.session_timeout > kafka.max_poll_interval {
             problems.push(format!(

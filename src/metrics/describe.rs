@@ -243,6 +243,16 @@ pub(super) fn describe() {
         "Kafka errors a partition's fetch returned instead of records, by code (librdkafka's name: NotImplemented for a codec the client lacks, TopicAuthorizationFailed, a corrupt batch's BadMessage ...). The partition does not progress while they repeat."
     );
     describe_gauge!(
+        PARTITION_PAUSED,
+        Unit::Count,
+        "1 while an operator has the partition paused (`effectively pause`): it stays assigned, fetches nothing, and its lag grows. 0 after `effectively resume`."
+    );
+    describe_gauge!(
+        MAX_RATE,
+        Unit::Count,
+        "Messages a second this worker takes of the consumer at most (`max_rate`, or `effectively throttle`); 0 when unlimited."
+    );
+    describe_gauge!(
         PARTITION_STUCK,
         Unit::Count,
         "1 while a partition's last fetch failed with a Kafka error and no record arrived since: nothing of it is consumed (effectively_partition_errors_total says which error). 0 again at the first record."

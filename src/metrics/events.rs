@@ -420,6 +420,20 @@ pub fn partition_fetch_error(consumer: &str, topic: &str, partition: i32, code: 
 }
 
 /// The partition is stuck (its last fetch failed, no record since), or not any more.
+/// An operator paused (or resumed) the partition.
+pub fn partition_paused(consumer: &str, topic: &str, partition: i32, paused: bool) {
+    gauge!(
+        PARTITION_PAUSED,
+        &partition_labels(consumer, topic, partition)
+    )
+    .set(if paused { 1.0 } else { 0.0 });
+}
+
+/// The consumer's rate limit in this worker (0: none).
+pub fn max_rate(consumer: &str, rate: Option<f64>) {
+    gauge!(MAX_RATE, "consumer" => consumer.to_string()).set(rate.unwrap_or(0.0));
+}
+
 pub fn partition_stuck(consumer: &str, topic: &str, partition: i32, stuck: bool) {
     gauge!(
         PARTITION_STUCK,

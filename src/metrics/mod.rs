@@ -76,6 +76,8 @@ pub const PARTITION_STUCK: &str = "effectively_partition_stuck";
 pub const PARTITION_STALLED: &str = "effectively_partition_stalled";
 pub const INBOX_PROCESSOR_STALLED: &str = "effectively_inbox_processor_stalled";
 pub const INBOX_ROUND_LIMIT: &str = "effectively_inbox_round_limit";
+pub const PARTITION_PAUSED: &str = "effectively_partition_paused";
+pub const MAX_RATE: &str = "effectively_consumer_max_rate";
 
 /// Every metric name, for tests that check dashboards and alert rules against them.
 pub const ALL: &[&str] = &[
@@ -133,6 +135,8 @@ pub const ALL: &[&str] = &[
     PARTITION_STALLED,
     INBOX_PROCESSOR_STALLED,
     INBOX_ROUND_LIMIT,
+    PARTITION_PAUSED,
+    MAX_RATE,
 ];
 
 /// Where `effectively run` serves `/metrics` unless told otherwise.

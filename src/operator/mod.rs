@@ -12,6 +12,7 @@
 //! How a redrive stays exactly-once is [`redrive`]'s business (docs/OPERATIONS.md, "Parked
 //! messages").
 
+pub mod control;
 mod dead_letters;
 mod rows;
 pub mod show;

@@ -34,6 +34,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{Event, RebalanceContext, TopicPartition};
+use super::control::{Gate, Snapshot, SourceControl};
 use super::partition::{Exit, PartitionTask};
 use crate::config::{ConsumerConfig, OffsetReset};
 use crate::envelope::Decoder;
@@ -58,6 +59,10 @@ const FENCED_RECLAIM_AFTER: Duration = Duration::from_secs(3);
 /// than that, bounded by their own deadlines, and beat meanwhile.
 const COORDINATOR_PERIOD: Duration = Duration::from_secs(10);
 
+/// How often the lag of a paused partition is read from Kafka (librdkafka's statistics stop
+/// following a partition it does not fetch).
+const PAUSED_LAG_EVERY: Duration = Duration::from_secs(5);
+
 /// One configured consumer, wired: what its partition tasks share.
 pub struct Source {
     pub config: Arc<ConsumerConfig>,
@@ -72,6 +77,8 @@ pub struct Source {
     pub partitions: Arc<Known>,
     pub stats: Arc<Stats>,
     pub health: ConsumerHealth,
+    /// Pauses, throttle and resets set by an operator (see [`super::control`]).
+    pub control: Arc<SourceControl>,
 }
 
 /// Errors that stop a consumer.
@@ -86,6 +93,10 @@ pub enum SourceError {
 struct Running {
     cancel: CancellationToken,
     handle: JoinHandle<Exit>,
+    /// The epoch its claim took: an operator's reset leaves a higher one.
+    epoch: i64,
+    /// Whether the task is paused (it reads this before each record).
+    paused: tokio::sync::watch::Sender<bool>,
 }
 
 /// A partition task never outlives its coordinator: if the coordinator is dropped (the worker
@@ -147,6 +158,13 @@ impl Source {
                 self.kafka.max_poll_interval.as_millis().to_string(),
             ),
         ];
+        // Static membership (KIP-345): the same id after a restart takes the member's place
+        // and its assignment, with no rebalance, if it comes back within the session timeout.
+        let properties = properties.into_iter().chain(
+            self.kafka
+                .static_membership
+                .then(|| ("group.instance.id", self.instance_id())),
+        );
         // Kafka's consumer group protocol (KIP-848, `kafka.options."group.protocol" =
         // "consumer"`): the coordinator assigns, and the session and heartbeat are the broker's
         // (`group.consumer.*`); librdkafka refuses a client that sets the classic protocol's.
@@ -157,7 +175,7 @@ impl Source {
         ];
         let new_protocol =
             self.kafka.options.get("group.protocol").map(String::as_str) == Some("consumer");
-        let properties: Vec<(&str, String)> = (properties.into_iter())
+        let properties: Vec<(&str, String)> = properties
             .filter(|(k, _)| !(new_protocol && classic_only.contains(k)))
             .collect();
         self.kafka
@@ -166,6 +184,12 @@ impl Source {
                 consumer: self.config.name.clone(),
                 reason,
             })
+    }
+
+    /// `group.instance.id` with static membership: the worker id and the consumer, unique in
+    /// the group as long as worker ids are unique.
+    fn instance_id(&self) -> String {
+        format!("{}-{}", self.worker_id, self.config.name)
     }
 
     /// Consumes until `shutdown` is cancelled, or a partition hits a fatal error.
@@ -178,9 +202,19 @@ impl Source {
             revoke_deadline: self.revoke_deadline,
             reset: self.config.auto_offset_reset,
             health: self.health.clone(),
+            control: Arc::clone(&self.control),
         };
         let consumer: Arc<StreamConsumer<RebalanceContext>> =
             Arc::new(self.client_config()?.create_with_context(context)?);
+        // The operator's control state, read before the first claim and every second after.
+        let control_stop = CancellationToken::new();
+        let _control_guard = control_stop.clone().drop_guard();
+        self.control.reader.refresh().await;
+        tokio::spawn(Arc::clone(&self.control.reader).run(control_stop.clone()));
+        let mut control = self.control.reader.subscribe();
+        // Applied once at the start too: a throttle set before this worker started.
+        control.mark_changed();
+        let mut paused_lag_at = tokio::time::Instant::now();
         let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
 
@@ -274,6 +308,8 @@ impl Source {
                     }
                     Event::Start { claims, done } => {
                         let n = claims.len();
+                        // A pause set since the last read must hold from the first record.
+                        beat.during(self.control.reader.refresh()).await;
                         for (tp, claim) in claims {
                             if let Some(old) = running.remove(&tp) {
                                 old.cancel.cancel();
@@ -300,13 +336,35 @@ impl Source {
                         drop(done);
                     }
                 },
-                _ = tick.tick() => {}
+                Ok(()) = control.changed() => {
+                    let snapshot = control.borrow_and_update().clone();
+                    beat.during(self.apply_control(&consumer, &decoder, &snapshot, &exit_tx, &shutdown, &mut running)).await;
+                }
+                _ = tick.tick() => {
+                    if paused_lag_at.elapsed() >= PAUSED_LAG_EVERY {
+                        paused_lag_at = tokio::time::Instant::now();
+                        self.paused_lag(&consumer);
+                    }
+                }
             }
         }
 
         // Stop: finish in-flight batches, then leave the group.
         let all: Vec<Running> = running.drain().map(|(_, r)| r).collect();
         drain(all, self.revoke_deadline).await;
+        if self.kafka.static_membership && failure.is_none() {
+            // A static member does not leave: it closes, and the group keeps its partitions
+            // for it until the session times out (KIP-345), so a restart within that gets them
+            // back without a rebalance. Unsubscribing would leave the group. The close's own
+            // revocation finds no coordinator to ask (the channel is closed) and returns.
+            drop(events);
+            driver_stop.cancel();
+            let _ = tokio::task::spawn_blocking(move || driver.join()).await;
+            let name = self.config.name.clone();
+            let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+            tracing::info!(consumer = %name, "closed as a static member: the group keeps the partitions until the session timeout");
+            return Ok(());
+        }
         // Leaving the group revokes the assignment through the callback, which still needs the
         // coordinator to answer: serve it (there is nothing left to drain) until it is done.
         // The channel never closes (the context holds its sender): the wait ends when the
@@ -338,6 +396,134 @@ impl Source {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Applies an operator's control state to the partitions running here: pauses and resumes
+    /// them, sets the rate, and claims again a partition an operator reset.
+    async fn apply_control(
+        &self,
+        consumer: &Arc<StreamConsumer<RebalanceContext>>,
+        decoder: &Arc<Decoder>,
+        snapshot: &Snapshot,
+        exits: &mpsc::UnboundedSender<(TopicPartition, Exit)>,
+        shutdown: &CancellationToken,
+        running: &mut HashMap<TopicPartition, Running>,
+    ) {
+        let name = &self.config.name;
+        let limit = snapshot.throttle.or(self.config.rate_limit());
+        if self.control.rate.set(limit) {
+            match limit {
+                Some(t) => {
+                    tracing::info!(consumer = %name, max_rate = t.max_rate, burst = t.burst, "rate limit set")
+                }
+                None => tracing::info!(consumer = %name, "rate limit lifted"),
+            }
+        }
+        crate::metrics::max_rate(name, limit.map(|t| t.max_rate));
+        for (tp, r) in running.iter() {
+            self.set_paused(consumer, tp, r, snapshot.paused(tp));
+        }
+        // Resets: the task's epoch is below the one an operator's reset left.
+        let reset: Vec<TopicPartition> = (snapshot.resets.iter())
+            .filter(|(tp, epoch)| running.get(*tp).is_some_and(|r| r.epoch < **epoch))
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        for tp in reset {
+            tracing::info!(consumer = %name, topic = %tp.0, partition = tp.1,
+                "an operator reset this partition's offset: claiming it again from the new offset");
+            if let Some(old) = running.remove(&tp) {
+                drain(vec![old], self.revoke_deadline).await;
+            }
+            if assigned(consumer, &tp) {
+                self.reclaim(consumer, decoder, &tp, exits, shutdown, running)
+                    .await;
+            }
+        }
+    }
+
+    /// Pauses or resumes one running partition, if that changes it: its task's gate, and its
+    /// fetcher in librdkafka.
+    fn set_paused(
+        &self,
+        consumer: &StreamConsumer<RebalanceContext>,
+        tp: &TopicPartition,
+        r: &Running,
+        paused: bool,
+    ) {
+        {
+            let mut set = self
+                .control
+                .paused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if paused {
+                set.insert(tp.clone());
+            } else {
+                set.remove(tp);
+            }
+        }
+        if *r.paused.borrow() == paused {
+            return;
+        }
+        r.paused.send_replace(paused);
+        self.pause_fetcher(consumer, tp, paused);
+    }
+
+    /// Pauses or resumes the partition's fetcher in librdkafka, with the gauge and a log line.
+    fn pause_fetcher(
+        &self,
+        consumer: &StreamConsumer<RebalanceContext>,
+        tp: &TopicPartition,
+        paused: bool,
+    ) {
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition(&tp.0, tp.1);
+        let done = if paused {
+            consumer.pause(&tpl)
+        } else {
+            consumer.resume(&tpl)
+        };
+        let (name, verb) = (&self.config.name, if paused { "paused" } else { "resumed" });
+        match done {
+            Ok(()) => {
+                tracing::info!(consumer = %name, topic = %tp.0, partition = tp.1, "{verb} by an operator")
+            }
+            Err(e) => tracing::warn!(consumer = %name, topic = %tp.0, partition = tp.1, error = %e,
+                "{verb} by an operator, but librdkafka refused to {verb} the fetcher (the task's gate holds anyway)"),
+        }
+        crate::metrics::partition_paused(name, &tp.0, tp.1, paused);
+    }
+
+    /// Sets the lag gauge of each paused partition from Kafka's high watermark, in the
+    /// background (a watermark read blocks).
+    fn paused_lag(&self, consumer: &Arc<StreamConsumer<RebalanceContext>>) {
+        let paused: Vec<TopicPartition> = self
+            .control
+            .paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        if paused.is_empty() {
+            return;
+        }
+        let (consumer, stats, name) = (
+            Arc::clone(consumer),
+            Arc::clone(&self.stats),
+            self.config.name.clone(),
+        );
+        tokio::spawn(async move {
+            let stored = stats.committed_offsets();
+            for tp in paused {
+                let Some(next) = stored.get(&tp).copied() else {
+                    continue;
+                };
+                if let Ok(log) = super::range::watermarks(&consumer, &tp.0, tp.1).await {
+                    crate::metrics::lag(&name, &tp.0, tp.1, log.high - next);
+                }
+            }
+        });
     }
 
     /// Claims one partition again and restarts its task from the offset the claim reads.
@@ -443,6 +629,8 @@ impl Source {
             tracing::warn!(consumer = %self.config.name, topic = %tp.0, partition = tp.1, error = %e, "seek after split failed; relying on the assigned offset");
         }
         let cancel = CancellationToken::new();
+        let paused = self.control.reader.latest().paused(tp);
+        let (paused_tx, paused_rx) = tokio::sync::watch::channel(paused);
         let task = PartitionTask {
             ctx: PartitionCtx {
                 consumer: Arc::from(self.config.name.as_str()),
@@ -477,6 +665,10 @@ impl Source {
                 self.pool.clone(),
                 self.transaction_deadline,
             ),
+            gate: Gate {
+                paused: paused_rx,
+                rate: Arc::clone(&self.control.rate),
+            },
         };
         let exits = exits.clone();
         let key = tp.clone();
@@ -485,7 +677,30 @@ impl Source {
             let _ = exits.send((key, exit.clone()));
             exit
         });
-        Some(Running { cancel, handle })
+        let running = Running {
+            cancel,
+            handle,
+            epoch: claim.epoch,
+            paused: paused_tx,
+        };
+        // Paused from its first record: the task waits at its gate, librdkafka fetches nothing.
+        {
+            let mut set = self
+                .control
+                .paused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if paused {
+                set.insert(tp.clone());
+            } else {
+                set.remove(tp);
+            }
+        }
+        match paused {
+            true => self.pause_fetcher(consumer, tp, true),
+            false => crate::metrics::partition_paused(&self.config.name, &tp.0, tp.1, false),
+        }
+        Some(running)
     }
 }
 

@@ -49,6 +49,9 @@ pub struct RebalanceContext {
     pub(super) reset: OffsetReset,
     /// Readiness: in the group once an assignment went through, not ready while draining.
     pub(super) health: ConsumerHealth,
+    /// Paused partitions: librdkafka stops fetching them, so its statistics' high watermark
+    /// stands still; their lag is read from Kafka by the coordinator instead.
+    pub(super) control: Arc<super::control::SourceControl>,
 }
 
 impl ClientContext for RebalanceContext {
@@ -61,7 +64,11 @@ impl ClientContext for RebalanceContext {
                 if *p < 0 || !part.desired || part.hi_offset < 0 {
                     continue;
                 }
-                if let Some(next) = stored.get(&(topic.clone(), *p)) {
+                let tp = (topic.clone(), *p);
+                if self.control.is_paused(&tp) {
+                    continue;
+                }
+                if let Some(next) = stored.get(&tp) {
                     crate::metrics::lag(&self.name, topic, *p, part.hi_offset - next);
                 }
             }

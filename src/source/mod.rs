@@ -10,6 +10,7 @@
 
 pub mod consumer;
 pub mod context;
+pub mod control;
 pub mod partition;
 pub mod range;
 pub mod schemas;

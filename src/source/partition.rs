@@ -16,6 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use super::context::RebalanceContext;
+use super::control::Gate;
 use super::range::{
     self, check, decide, store_move, watermarks, what_a_seek_does, Action, STOP_ACTIONS,
 };
@@ -50,6 +51,8 @@ pub struct PartitionTask {
     pub out_of_range: range::Seen,
     /// Stuck on a Kafka error, or stalled in a batch (see [`super::watch`]).
     pub watch: PartitionWatch,
+    /// Paused by an operator, or throttled (see [`super::control`]).
+    pub gate: Gate,
 }
 
 /// How a partition task ended.
@@ -164,9 +167,14 @@ impl PartitionTask {
         let config = Arc::clone(&self.config);
         let bounds: &BatchConfig = &config.batch;
         let mut batch = Batch::default();
+        if !self.gate.wait(cancel).await {
+            return None;
+        }
         let first = tokio::select! {
             biased;
             _ = cancel.cancelled() => return None,
+            // Paused while waiting: back to the gate, with nothing taken.
+            _ = self.gate.until_paused() => return Some(batch),
             m = self.queue.recv() => m,
         };
         if !self.schemas_ready(&first, cancel).await {
@@ -179,6 +187,10 @@ impl PartitionTask {
             && batch.bytes < bounds.max_bytes
             && Instant::now() < deadline
         {
+            // Paused, or out of tokens: the batch goes as it is.
+            if !self.gate.admit_more() {
+                break;
+            }
             match self.queue.recv().now_or_never() {
                 Some(m) => {
                     if !self.schemas_ready(&m, cancel).await {

@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod browse;
+pub mod control;
 pub mod copy;
 pub mod dead_letters;
 pub mod dedupe;

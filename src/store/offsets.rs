@@ -212,6 +212,56 @@ fn classify(mv: Move, epoch: Option<i64>, stored: Option<i64>) -> Refusal {
     }
 }
 
+/// The owner an operator's reset writes (`reset:<actor>`): a worker that finds it on a partition
+/// it runs claims the partition again at once, from the new offset
+/// ([`crate::source::control`]), instead of waiting for its next commit to be fenced.
+pub const RESET_OWNER_PREFIX: &str = "reset:";
+
+const LOCK_ONE: &str = "\
+SELECT next_offset, epoch FROM consumer_offsets
+WHERE consumer = $1 AND topic = $2 AND partition = $3 FOR UPDATE";
+
+const RESET: &str = "\
+INSERT INTO consumer_offsets (consumer, topic, partition, next_offset, epoch, owner)
+VALUES ($1, $2, $3, $4, 1, $5)
+ON CONFLICT (consumer, topic, partition) DO UPDATE
+SET next_offset = EXCLUDED.next_offset, epoch = consumer_offsets.epoch + 1,
+    owner = EXCLUDED.owner, updated_at = now()
+RETURNING epoch";
+
+/// Locks one partition's row in the caller's transaction: its stored offset and epoch, `None`
+/// when there is no row.
+pub async fn lock_one(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    topic: &str,
+    partition: i32,
+) -> Result<Option<(Option<i64>, i64)>, StoreError> {
+    Ok(tx
+        .query_opt(LOCK_ONE, &[&consumer, &topic, &partition])
+        .await?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
+/// An operator's move: stores `to` as the partition's resume point and bumps its epoch, in the
+/// caller's transaction. The worker that holds the partition is fenced by the bump: its next
+/// commit matches no row and rolls back, and it claims the partition again, reading `to`.
+/// Returns the new epoch.
+pub async fn reset(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    topic: &str,
+    partition: i32,
+    to: i64,
+    actor: &str,
+) -> Result<i64, StoreError> {
+    let owner = format!("{RESET_OWNER_PREFIX}{actor}");
+    let row = tx
+        .query_one(RESET, &[&consumer, &topic, &partition, &to, &owner])
+        .await?;
+    Ok(row.get(0))
+}
+
 /// One stored offset row, for status output and tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
