@@ -29,6 +29,10 @@ pub struct Stats {
     /// Batches refused because the offset store went back (see `store::offsets`).
     pub went_back: AtomicU64,
     pub rebalances: AtomicU64,
+    /// Rebalance callbacks librdkafka made, whatever they carried: each is a rebalance of the
+    /// group this member took part in (with the cooperative protocol, one that moved nothing
+    /// of this member's still calls it, with no partitions).
+    pub group_rebalances: AtomicU64,
     /// Where PostgreSQL has each (topic, partition) this worker holds.
     committed: Mutex<BTreeMap<(String, i32), i64>>,
     /// Partitions moved to the log start or end because their stored offset was outside the
@@ -58,6 +62,7 @@ pub struct Snapshot {
     pub fenced: u64,
     pub went_back: u64,
     pub rebalances: u64,
+    pub group_rebalances: u64,
     pub offset_resets: u64,
 }
 
@@ -100,6 +105,10 @@ impl Stats {
         self.rebalances.fetch_add(1, Relaxed);
     }
 
+    pub fn group_rebalance(&self) {
+        self.group_rebalances.fetch_add(1, Relaxed);
+    }
+
     pub fn committed_offset(&self, topic: &str, partition: i32, next: i64) {
         self.committed
             .lock()
@@ -140,6 +149,7 @@ impl Stats {
             fenced: self.fenced.load(Relaxed),
             went_back: self.went_back.load(Relaxed),
             rebalances: self.rebalances.load(Relaxed),
+            group_rebalances: self.group_rebalances.load(Relaxed),
             offset_resets: self.offset_resets.load(Relaxed),
         }
     }

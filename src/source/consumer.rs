@@ -668,6 +668,7 @@ impl Source {
             gate: Gate {
                 paused: paused_rx,
                 rate: Arc::clone(&self.control.rate),
+                credit: 0,
             },
         };
         let exits = exits.clone();

@@ -97,6 +97,7 @@ impl ConsumerContext for RebalanceContext {
         err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
+        self.stats.group_rebalance();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.assign(base, tpl),
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(base, tpl),

@@ -207,14 +207,21 @@ impl Rate {
         self.current().is_none_or(|r| r.check().is_ok())
     }
 
-    /// Waits for a token; `false` when cancelled first.
-    pub async fn take(&self, cancel: &CancellationToken) -> bool {
-        let Some(r) = self.current() else {
-            return true;
+    /// Waits for a batch's worth of tokens at once (half the burst): how many it got, `None`
+    /// when unlimited, `Some(0)` when cancelled first. Taking them one at a time, a task that
+    /// waited would wake at the first token and commit a batch of one, and under a tight rate
+    /// the transactions, not the rate, would set the pace.
+    pub async fn take(&self, cancel: &CancellationToken) -> Option<u32> {
+        let (t, r) = {
+            let l = self.limiter.read().unwrap_or_else(|p| p.into_inner());
+            let (t, r) = l.as_ref()?;
+            (*t, Arc::clone(r))
         };
+        let n = (t.burst / 2).max(1);
+        let chunk = NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN);
         tokio::select! {
-            _ = cancel.cancelled() => false,
-            _ = r.until_ready() => true,
+            _ = cancel.cancelled() => Some(0),
+            got = r.until_n_ready(chunk) => Some(if got.is_ok() { n } else { 0 }),
         }
     }
 }
@@ -234,6 +241,8 @@ fn quota(t: Throttle) -> Quota {
 pub struct Gate {
     pub paused: watch::Receiver<bool>,
     pub rate: Arc<Rate>,
+    /// Tokens this task holds, taken in a chunk by [`Gate::wait`].
+    pub credit: u32,
 }
 
 impl Gate {
@@ -242,10 +251,12 @@ impl Gate {
         Gate {
             paused: watch::Sender::new(false).subscribe(),
             rate: Arc::new(Rate::default()),
+            credit: 0,
         }
     }
 
-    /// Waits until the partition is not paused and a token is there; `false` when cancelled.
+    /// Waits until the partition is not paused and this task holds a token (one of a chunk);
+    /// `false` when cancelled. The caller then takes one record and calls [`Gate::spend`].
     pub async fn wait(&mut self, cancel: &CancellationToken) -> bool {
         loop {
             if *self.paused.borrow_and_update() {
@@ -261,13 +272,33 @@ impl Gate {
                 }
                 continue;
             }
-            return self.rate.take(cancel).await;
+            if self.credit > 0 {
+                return true;
+            }
+            match self.rate.take(cancel).await {
+                None => return true,
+                Some(0) if cancel.is_cancelled() => return false,
+                Some(n) => self.credit = n,
+            }
         }
     }
 
-    /// Whether one more record may go into the batch now (not paused, a token there).
-    pub fn admit_more(&self) -> bool {
-        !*self.paused.borrow() && self.rate.try_take()
+    /// One record taken after [`Gate::wait`].
+    pub fn spend(&mut self) {
+        self.credit = self.credit.saturating_sub(1);
+    }
+
+    /// Whether one more record may go into the batch now (not paused, a token held or there),
+    /// and if so spends its token.
+    pub fn admit_more(&mut self) -> bool {
+        if *self.paused.borrow() {
+            return false;
+        }
+        if self.credit > 0 {
+            self.credit -= 1;
+            return true;
+        }
+        self.rate.try_take()
     }
 
     /// Resolves when the partition is paused (for the wait on its first record).
@@ -319,11 +350,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_throttled_gate_hands_out_tokens_in_chunks() {
+        let (_tx, rx) = watch::channel(false);
+        let rate = Arc::new(Rate::default());
+        rate.set(Some(Throttle {
+            max_rate: 1000.0,
+            burst: 10,
+        }));
+        let mut gate = Gate {
+            paused: rx,
+            rate,
+            credit: 0,
+        };
+        let cancel = CancellationToken::new();
+        assert!(gate.wait(&cancel).await);
+        assert_eq!(gate.credit, 5, "half the burst at once");
+        gate.spend();
+        let more = (0..10).filter(|_| gate.admit_more()).count();
+        assert!(
+            (4..=9).contains(&more),
+            "the chunk's 4 left, then what the bucket still has: {more}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_paused_gate_waits_until_resumed() {
         let (tx, rx) = watch::channel(true);
         let mut gate = Gate {
             paused: rx,
             rate: Arc::new(Rate::default()),
+            credit: 0,
         };
         let cancel = CancellationToken::new();
         let waiting = tokio::time::timeout(Duration::from_millis(100), gate.wait(&cancel)).await;

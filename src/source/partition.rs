@@ -177,6 +177,7 @@ impl PartitionTask {
             _ = self.gate.until_paused() => return Some(batch),
             m = self.queue.recv() => m,
         };
+        self.gate.spend();
         if !self.schemas_ready(&first, cancel).await {
             return None;
         }
