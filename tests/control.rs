@@ -463,3 +463,173 @@ async fn static_membership_restarts_without_a_rebalance() {
         b.stop().await.unwrap();
     }
 }
+
+/// The commands as an operator types them: `offsets show`, `offsets reset --dry-run`, a reset
+/// refused without the typed number, `pause`, `resume`, `throttle`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commands_show_reset_pause_and_throttle() {
+    let (topic, consumer) = (common::unique("ctl-cli"), common::unique("ctl-cli"));
+    common::create_topic(&topic, 2).await;
+    let db = common::pg().await;
+    let producer = common::producer();
+    let us = users(4);
+    let ps = payments(&us, 20);
+    for p in 0..2 {
+        let i = p as usize * 10;
+        send_stamped(
+            &producer,
+            &topic,
+            p,
+            &ps[i..i + 10],
+            chrono::Utc::now().timestamp_millis(),
+        )
+        .await;
+    }
+    let worker = common::start(member(&consumer, &topic, "w-cli", "")).await;
+    wait_credits(&db, &consumer, 20, 60).await;
+
+    let dir = std::env::temp_dir().join(common::unique("ctl-cli"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("effectively.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[kafka]\nbrokers = \"{}\"\n[database]\nurl = \"{}\"\n[[consumer]]\nname = \"{consumer}\"\n\
+             topics = [\"{topic}\"]\nhandler = {{ kind = \"cashback\" }}\n",
+            common::kafka_brokers(),
+            common::database_url()
+        ),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_effectively"))
+            .args(args)
+            .arg("--config")
+            .arg(&path)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("effectively runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+
+    let (ok, out) = run(&["offsets", "show", "--consumer", &consumer]);
+    assert!(ok, "{out}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with(&topic)).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(
+        rows.iter()
+            .all(|r| r.split_whitespace().collect::<Vec<_>>()[2..6] == ["10", "0", "10", "0"]),
+        "stored 10, log 0..10, lag 0: {out}"
+    );
+
+    let (ok, out) = run(&[
+        "offsets",
+        "reset",
+        "--consumer",
+        &consumer,
+        "--shift-by",
+        "-4",
+        "--dry-run",
+    ]);
+    assert!(
+        ok && out.contains("dry run") && out.contains("(4 records again)"),
+        "{out}"
+    );
+    // Two partitions and no --yes: the typed number is asked, stdin is closed, nothing moves.
+    let (ok, out) = run(&[
+        "offsets",
+        "reset",
+        "--consumer",
+        &consumer,
+        "--to",
+        "earliest",
+    ]);
+    assert!(!ok && out.contains("not confirmed"), "{out}");
+    assert_eq!(
+        common::stored_offset(&db, &consumer, &topic, 0).await,
+        Some(10)
+    );
+    let (ok, out) = run(&[
+        "offsets",
+        "reset",
+        "--consumer",
+        &consumer,
+        "--topic",
+        &topic,
+        "--partition",
+        "1",
+        "--to",
+        "99",
+    ]);
+    assert!(!ok && out.contains("outside the log"), "{out}");
+    let (ok, out) = run(&[
+        "offsets",
+        "reset",
+        "--consumer",
+        &consumer,
+        "--topic",
+        &topic,
+        "--partition",
+        "0",
+        "--shift-by",
+        "-4",
+        "--note",
+        "replay",
+    ]);
+    assert!(ok && out.contains("reset 1 partition(s)"), "{out}");
+    // The worker claims partition 0 again and reads the 4 records as duplicates.
+    let stats = worker.stats(&consumer).unwrap();
+    eventually(15, "4 duplicates", || {
+        let stats = stats.clone();
+        async move { stats.snapshot().duplicates >= 4 }
+    })
+    .await;
+    assert_eq!(ledger(&db, &consumer).await.credits, 20);
+
+    let (ok, out) = run(&["pause", "--consumer", &consumer, "--topic", &topic]);
+    assert!(ok && out.contains("paused"), "{out}");
+    let (ok, out) = run(&[
+        "resume",
+        "--consumer",
+        &consumer,
+        "--topic",
+        &topic,
+        "--partition",
+        "1",
+    ]);
+    assert!(ok && out.contains("still paused by a wider pause"), "{out}");
+    let (ok, out) = run(&["offsets", "show", "--consumer", &consumer]);
+    assert!(
+        ok && out
+            .lines()
+            .filter(|l| l.starts_with(&topic) && l.contains(" paused "))
+            .count()
+            == 2,
+        "{out}"
+    );
+    let (ok, out) = run(&["resume", "--consumer", &consumer]);
+    assert!(ok && out.contains("1 pause(s) lifted"), "{out}");
+    let (ok, out) = run(&["throttle", "--consumer", &consumer, "--rate", "250"]);
+    assert!(
+        ok && out.contains("250 msg/s") && out.contains("burst 25"),
+        "{out}"
+    );
+    let (ok, out) = run(&["offsets", "show", "--consumer", &consumer]);
+    assert!(
+        ok && out.contains("throttled at run time: 250 msg/s"),
+        "{out}"
+    );
+    let (ok, out) = run(&["throttle", "--consumer", &consumer, "--off"]);
+    assert!(ok && out.contains("lifted"), "{out}");
+    let (ok, out) = run(&["pause", "--consumer", "nobody"]);
+    assert!(!ok && out.contains("no consumer \"nobody\""), "{out}");
+    for verb in ["reset", "pause", "resume", "throttle"] {
+        assert!(audited(&db, verb, &consumer).await >= 1, "{verb} audited");
+    }
+    worker.stop().await.unwrap();
+}
