@@ -29,6 +29,10 @@
 # Its poison is of the kinds such a topic meets (no magic byte, an unknown schema id, bytes that
 # do not fit the schema, a payment without event_id or with a negative amount). Not with
 # DEMO_VIA_OUTBOX=1 (outbox rows are JSON).
+# DEMO_STATIC=1 turns static group membership on (`kafka.static_membership`, the workers' ids are
+# stable): worker a's restart then happens without a rebalance of the group. Either way the demo
+# prints how many group rebalances worker b took part in through the restart, and how long the
+# restart took (it must stay under the 10 s session timeout for static membership to help).
 # STACK_DIR picks the stack (default .stack/), as for scripts/stack.sh.
 #
 #   DEMO_SECONDS=60 DEMO_RATE=2000 DEMO_PROFILE=release DEMO_STRATEGY=batch DEMO_PROMETHEUS=0 \
@@ -128,6 +132,10 @@ elif [ "$IDS" = stripe ]; then
   KEY_TOML='message_id = { header = "event_id", any_string = true }
 event_date = "/occurred_at"'
 fi
+STATIC_TOML=
+if [ "${DEMO_STATIC:-0}" = 1 ]; then
+  STATIC_TOML="static_membership = true"
+fi
 ASSIGNOR_TOML=
 if [ -n "${DEMO_ASSIGNOR:-}" ]; then
   ASSIGNOR_TOML="\"partition.assignment.strategy\" = \"$DEMO_ASSIGNOR\""
@@ -135,6 +143,7 @@ fi
 cat >"$OUT/effectively.toml" <<TOML
 [kafka]
 session_timeout = "10s"
+$STATIC_TOML
 [kafka.options]
 $ASSIGNOR_TOML
 [worker]
@@ -158,6 +167,13 @@ start_worker() {
   EFFECTIVELY_WORKER_ID="worker-$1" "$BIN/effectively" run --config "$OUT/effectively.toml" \
     --metrics-addr "127.0.0.1:$port" >>"$OUT/worker-$1.log" 2>&1 &
   PIDS[$1]=$!
+}
+# Group rebalances worker $1 took part in so far (its effectively_group_rebalances_total).
+group_rebalances() {
+  local port=${DEMO_METRICS_PORT:-9464}
+  [ "$1" = b ] && port=$((port + 1))
+  curl -fsS "http://127.0.0.1:$port/metrics" 2>/dev/null |
+    awk '/^effectively_group_rebalances_total/ { s += $NF } END { print s + 0 }'
 }
 stop_worker() {
   kill -TERM "${PIDS[$1]}" 2>/dev/null || true
@@ -284,8 +300,11 @@ LOADGEN=$!
 
 sleep "$((SECONDS_ / 2))"
 say "rebalance: stopping worker a (SIGTERM) and starting it again"
+B_REBALANCES=$(group_rebalances b)
+RESTART_AT=$(date +%s.%N)
 stop_worker a
 start_worker a
+RESTART_TOOK=$(awk -v a="$RESTART_AT" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 if [ "$VIA_OUTBOX" = 1 ]; then
   say "relay crash: SIGKILL between publishing a batch and marking it, and a new relay"
   crash_relay
@@ -301,6 +320,7 @@ set +e
 wait "$LOADGEN"
 VERIFIED=$?
 set -e
+say "worker a's restart took ${RESTART_TOOK}s (stop, start); worker b took part in $(( $(group_rebalances b) - B_REBALANCES )) group rebalance(s) since (static membership: $([ "${DEMO_STATIC:-0}" = 1 ] && echo on || echo off))"
 stop_worker a
 stop_worker b
 unset 'PIDS[a]' 'PIDS[b]'

@@ -242,6 +242,11 @@ pub(super) fn describe() {
         Unit::Count,
         "Kafka errors a partition's fetch returned instead of records, by code (librdkafka's name: NotImplemented for a codec the client lacks, TopicAuthorizationFailed, a corrupt batch's BadMessage ...). The partition does not progress while they repeat."
     );
+    describe_counter!(
+        GROUP_REBALANCES,
+        Unit::Count,
+        "Rebalances of the group this member took part in (librdkafka's rebalance callbacks, assign or revoke, even those that moved none of its partitions). With static membership (kafka.static_membership) a member restarted within the session timeout causes none."
+    );
     describe_gauge!(
         PARTITION_PAUSED,
         Unit::Count,

@@ -420,6 +420,12 @@ pub fn partition_fetch_error(consumer: &str, topic: &str, partition: i32, code: 
 }
 
 /// The partition is stuck (its last fetch failed, no record since), or not any more.
+/// librdkafka called the rebalance callback: a rebalance of the group this member took part in,
+/// whether or not it moved any of this member's partitions.
+pub fn group_rebalance(consumer: &str) {
+    counter!(GROUP_REBALANCES, "consumer" => consumer.to_string()).increment(1);
+}
+
 /// An operator paused (or resumed) the partition.
 pub fn partition_paused(consumer: &str, topic: &str, partition: i32, paused: bool) {
     gauge!(

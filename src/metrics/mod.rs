@@ -77,6 +77,7 @@ pub const PARTITION_STALLED: &str = "effectively_partition_stalled";
 pub const INBOX_PROCESSOR_STALLED: &str = "effectively_inbox_processor_stalled";
 pub const INBOX_ROUND_LIMIT: &str = "effectively_inbox_round_limit";
 pub const PARTITION_PAUSED: &str = "effectively_partition_paused";
+pub const GROUP_REBALANCES: &str = "effectively_group_rebalances_total";
 pub const MAX_RATE: &str = "effectively_consumer_max_rate";
 
 /// Every metric name, for tests that check dashboards and alert rules against them.
@@ -136,6 +137,7 @@ pub const ALL: &[&str] = &[
     INBOX_PROCESSOR_STALLED,
     INBOX_ROUND_LIMIT,
     PARTITION_PAUSED,
+    GROUP_REBALANCES,
     MAX_RATE,
 ];
 

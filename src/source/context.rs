@@ -98,6 +98,7 @@ impl ConsumerContext for RebalanceContext {
         tpl: &mut TopicPartitionList,
     ) {
         self.stats.group_rebalance();
+        crate::metrics::group_rebalance(&self.name);
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.assign(base, tpl),
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.revoke(base, tpl),
