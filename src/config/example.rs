@@ -12,6 +12,9 @@ brokers = "127.0.0.1:9092"
 session_timeout = "45s"
 # The longest gap between polls before librdkafka leaves the group (max.poll.interval.ms).
 max_poll_interval = "5m"
+# Static membership: a worker restarted within session_timeout gets its partitions back without
+# a rebalance. Needs a stable [worker] id (a StatefulSet's pod name). Default off.
+# static_membership = true
 
 # TLS to the brokers (security.protocol ssl, or sasl_ssl with [kafka.sasl]); no CA file: the
 # system's CAs. Client certificate optional.
@@ -74,6 +77,10 @@ retention = "15days"        # how long a duplicate is still recognised
 future_tolerance = "1day"   # events dated further ahead are parked
 partitions_ahead = 3        # daily dedupe partitions created ahead of today
 stall_after = "1m"          # a batch retrying this long is a stall (gauge, alert, console)
+# Messages a second per worker, for a replay that must not swamp a shared primary (default: no
+# limit; `effectively throttle` sets one at run time). The burst: a tenth of a second's worth.
+# max_rate = 500
+# max_rate_burst = 50
 
 # How values (and keys) are encoded: "json" as they are, or "avro", "protobuf", "json-schema" in
 # the Confluent wire format, decoded with the writer's schema from a Confluent-compatible Schema
