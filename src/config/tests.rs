@@ -429,3 +429,29 @@ fn a_text_id_needs_an_event_date_from_the_payload() {
         "message_id = { json_pointer = \"/id\" }\nevent_date = \"auto\"",
     ));
 }
+
+#[test]
+fn max_rate_takes_a_burst_of_a_tenth_of_a_second_by_default() {
+    assert_eq!(consumer(MINIMAL).rate_limit(), None);
+    let t = consumer(&with("max_rate = 500")).rate_limit().unwrap();
+    assert_eq!((t.max_rate, t.burst), (500.0, 50));
+    let t = consumer(&with("max_rate = 3")).rate_limit().unwrap();
+    assert_eq!(t.burst, 1, "at least one");
+    let t = consumer(&with("max_rate = 500\nmax_rate_burst = 7"))
+        .rate_limit()
+        .unwrap();
+    assert_eq!(t.burst, 7);
+    assert!(invalid(&with("max_rate = 0")).contains("max_rate must be at least 1"));
+    assert!(invalid(&with("max_rate_burst = 5")).contains("max_rate_burst needs max_rate"));
+    assert!(invalid(&with("max_rate = 5\nmax_rate_burst = 0")).contains("at least 1"));
+}
+
+#[test]
+fn static_membership_needs_a_stable_worker_id() {
+    let text = format!("[kafka]\nstatic_membership = true\n{MINIMAL}");
+    assert!(invalid(&text).contains("needs a stable worker.id"));
+    let text = format!("[kafka]\nstatic_membership = true\n[worker]\nid = \"w-0\"\n{MINIMAL}");
+    let config = Config::from_toml_str(&text).expect("valid with an id");
+    assert!(config.kafka.static_membership);
+    assert!(!Config::from_toml_str(MINIMAL).unwrap().kafka.static_membership);
+}
