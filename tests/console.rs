@@ -4,8 +4,9 @@
 //! started in-process on 127.0.0.1:0 and asked over HTTP.
 //!
 //! Pages, filters, the security defaults (token, read-only, cross-site refusal, CSP), masking,
-//! the actions with their confirmations, a crawler that follows every link from the overview,
-//! and headless Chromium rendering two pages (screenshots into docs/img/).
+//! the actions with their confirmations, a consumer's page with its pause, resume and offset
+//! reset, a crawler that follows every link from the overview, and headless Chromium rendering
+//! three pages (screenshots into docs/img/).
 
 mod common;
 
@@ -769,6 +770,345 @@ async fn actions_confirm_the_count_and_change_only_what_they_say() {
     }
 }
 
+/// One partition's `consumer_offsets` row: next offset, epoch, owner.
+async fn offset_row(
+    db: &tokio_postgres::Client,
+    consumer: &str,
+    topic: &str,
+    partition: i32,
+) -> (Option<i64>, i64, String) {
+    let r = db
+        .query_one(
+            "SELECT next_offset, epoch, owner FROM consumer_offsets
+             WHERE consumer = $1 AND topic = $2 AND partition = $3",
+            &[&consumer, &topic, &partition],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+/// The partitions table's row of `topic` [`partition`] on a consumer page.
+fn partition_row(page: &str, topic: &str, partition: i32) -> String {
+    let start = format!("<tr><td>{topic}</td><td class=\"num\">{partition}</td>");
+    let at = page
+        .find(&start)
+        .unwrap_or_else(|| panic!("no row for {topic} [{partition}]: {page}"));
+    let rest = &page[at..];
+    rest[..rest.find("</tr>").unwrap()].to_string()
+}
+
+/// The hidden fields of the form that posts to `action`, unescaped, as a browser sends them.
+fn hidden_fields(page: &str, action: &str) -> Vec<(String, String)> {
+    let form = page
+        .split(&format!("action=\"{action}\""))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no form posting to {action}: {page}"));
+    let form = &form[..form.find("</form>").unwrap()];
+    let attr = |tag: &str, name: &str| {
+        let v = tag.split(&format!("{name}=\"")).nth(1)?;
+        Some(
+            v[..v.find('"')?]
+                .replace("&#43;", "+")
+                .replace("&#58;", ":")
+                .replace("&#34;", "\"")
+                .replace("&#39;", "'")
+                .replace("&#60;", "<")
+                .replace("&#62;", ">")
+                .replace("&#38;", "&")
+                .replace("&amp;", "&"),
+        )
+    };
+    form.split("<input type=\"hidden\"")
+        .skip(1)
+        .filter_map(|tag| Some((attr(tag, "name")?, attr(tag, "value")?)))
+        .collect()
+}
+
+/// A confirmation's hidden fields and the typed number: the second step's form.
+fn typed_in<'a>(hidden: &'a [(String, String)], typed: &str) -> Vec<(&'a str, String)> {
+    let mut f: Vec<(&str, String)> = (hidden.iter())
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    f.push(("typed", typed.to_string()));
+    f
+}
+
+/// How many rows `consumer_pauses` has for `consumer`.
+async fn pauses(db: &tokio_postgres::Client, consumer: &str) -> i64 {
+    one(
+        db,
+        "SELECT count(*) FROM consumer_pauses WHERE consumer = $1",
+        &[&consumer],
+    )
+    .await
+}
+
+/// The audit rows of `verb` whose selection names `consumer`: (count, actor, note) each.
+async fn audited(
+    db: &tokio_postgres::Client,
+    consumer: &str,
+    verb: &str,
+) -> Vec<(i64, String, Option<String>)> {
+    db.query(
+        "SELECT count, actor, note FROM operator_actions
+         WHERE verb = $1 AND filter->>'consumer' = $2 ORDER BY id",
+        &[&verb, &consumer],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumer_page_shows_offsets_pauses_and_resets() {
+    let w = world().await;
+    let db = pg().await;
+    let page_path = format!("/consumer?name={}", w.batch);
+    // The worker applied partition 0's seven records and partition 1's one.
+    let before = offset_row(&db, &w.batch, &w.topic, 0).await;
+    let (p0, epoch0) = (before.0, before.1);
+    assert_eq!(p0, Some(7));
+    assert_eq!(stored_offset(&db, &w.batch, &w.topic, 1).await, Some(1));
+
+    // Read-only: the partitions beside Kafka's log, linked from the overview; no form.
+    let ro = console(&w, "").await;
+    let (_, overview, _) = get(ro.addr, "/").await;
+    assert!(
+        overview.contains(&format!("href=\"{page_path}\"")),
+        "the overview links the consumer's page: {overview}"
+    );
+    let (status, page, _) = get(ro.addr, &page_path).await;
+    assert_eq!(status, 200, "{page}");
+    let row = partition_row(&page, &w.topic, 0);
+    // stored 7, low 0, high 7, lag 0, the epoch, the worker that owns it.
+    assert!(
+        row.contains(
+            "<td class=\"num\">7</td><td class=\"num\">0</td><td class=\"num\">7</td><td class=\"num ok\">0</td>"
+        ) && row.contains(&format!("<td class=\"num\">{epoch0}</td>"))
+            && row.contains("reading"),
+        "{row}"
+    );
+    let row = partition_row(&page, &w.topic, 1);
+    assert!(
+        row.contains("<td class=\"num\">1</td><td class=\"num\">0</td><td class=\"num\">1</td><td class=\"num ok\">0</td>"),
+        "{row}"
+    );
+    assert!(page.contains("unlimited"), "no max_rate: {page}");
+    assert!(!page.contains("<form"), "no form on a read-only console");
+    let scope = vec![("consumer", w.batch.clone())];
+    assert_eq!(post(ro.addr, "/consumer/pause", &scope).await.0, 403);
+    assert_eq!(get(ro.addr, "/consumer?name=nobody").await.0, 404);
+    assert_eq!(get(ro.addr, "/consumer").await.0, 400);
+
+    // Writes on: pause one partition, with a note.
+    let c = console(&w, "writes = true").await;
+    let (_, page, _) = get(c.addr, &page_path).await;
+    assert!(
+        page.contains("action=\"/consumer/pause\"") && page.contains("Plan the reset"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("http-equiv=\"refresh\""),
+        "a page with forms does not reload itself by default"
+    );
+    let one_partition = vec![
+        ("consumer", w.batch.clone()),
+        ("topic", w.topic.clone()),
+        ("partition", "1".to_string()),
+        ("note", "hold p1".to_string()),
+    ];
+    let (status, body, location) = post(c.addr, "/consumer/pause", &one_partition).await;
+    assert_eq!(status, 303, "{body}");
+    let location = location.unwrap();
+    assert!(
+        location.starts_with(&format!("{page_path}&action=")),
+        "{location}"
+    );
+    let row = db
+        .query_one(
+            "SELECT paused_by, note FROM consumer_pauses
+             WHERE consumer = $1 AND topic = $2 AND partition = 1",
+            &[&w.batch, &w.topic],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, String>(0).starts_with("console:127.0.0.1"));
+    assert_eq!(row.get::<_, Option<String>>(1).as_deref(), Some("hold p1"));
+    let audit = audited(&db, &w.batch, "pause").await;
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(audit[0].0, 1);
+    assert!(audit[0].1.starts_with("console:127.0.0.1"));
+    let (status, page, _) = get(c.addr, &location).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(&format!("Paused {} [1]", w.topic)), "{page}");
+    assert!(
+        partition_row(&page, &w.topic, 1).contains("class=\"pill paused\""),
+        "{page}"
+    );
+    assert!(partition_row(&page, &w.topic, 0).contains("reading"));
+    assert!(page.contains("hold p1"), "the pauses table: {page}");
+
+    // The whole consumer, then a resume of the partition: the wider pause still holds it.
+    assert_eq!(post(c.addr, "/consumer/pause", &scope).await.0, 303);
+    assert_eq!(pauses(&db, &w.batch).await, 2);
+    let (_, page, _) = get(c.addr, &page_path).await;
+    assert!(
+        partition_row(&page, &w.topic, 0).contains("paused (consumer)"),
+        "{page}"
+    );
+    let (status, _, location) = post(c.addr, "/consumer/resume", &one_partition).await;
+    assert_eq!(status, 303);
+    assert_eq!(pauses(&db, &w.batch).await, 1);
+    let (_, page, _) = get(c.addr, &location.unwrap()).await;
+    assert!(
+        page.contains("Still paused by a wider pause: the whole consumer"),
+        "{page}"
+    );
+    // Resuming the consumer lifts everything.
+    assert_eq!(post(c.addr, "/consumer/resume", &scope).await.0, 303);
+    assert_eq!(pauses(&db, &w.batch).await, 0);
+    let resumes = audited(&db, &w.batch, "resume").await;
+    assert_eq!(
+        resumes.iter().map(|r| r.0).collect::<Vec<_>>(),
+        vec![1, 1],
+        "{resumes:?}"
+    );
+    let (_, page, _) = get(c.addr, &page_path).await;
+    assert!(!page.contains("class=\"pill paused\""), "{page}");
+    assert!(
+        page.contains("<td>pause</td>") && page.contains("<td>resume</td>"),
+        "audit rows: {page}"
+    );
+
+    // Reset partition 0 to offset 2: the plan, a wrong number (nothing changes), the right one.
+    let reset = vec![
+        ("consumer", w.batch.clone()),
+        ("topic", w.topic.clone()),
+        ("partition", "0".to_string()),
+        ("kind", "offset".to_string()),
+        ("value", "2".to_string()),
+    ];
+    let (status, plan, _) = post(c.addr, "/consumer/reset/confirm", &reset).await;
+    assert_eq!(status, 200, "{plan}");
+    assert!(
+        plan.contains("Type <b>1</b>")
+            && plan.contains("<td class=\"num\">7</td><td class=\"num\"><b>2</b></td>")
+            && plan.contains("5 record(s) read again"),
+        "{plan}"
+    );
+    let hidden = hidden_fields(&plan, "/consumer/reset/do");
+    assert!(hidden.contains(&("to".into(), "2".into())), "{hidden:?}");
+    let step2 = |typed: &str| {
+        let mut f = typed_in(&hidden, typed);
+        f.push(("note", "replay p0".to_string()));
+        f
+    };
+    let (status, page, _) = post(c.addr, "/consumer/reset/do", &step2("2")).await;
+    assert_eq!(status, 409, "{page}");
+    assert!(page.contains("Nothing was done"), "{page}");
+    assert_eq!(
+        offset_row(&db, &w.batch, &w.topic, 0).await,
+        before,
+        "unchanged"
+    );
+    assert!(audited(&db, &w.batch, "reset").await.is_empty());
+    let (status, page, location) = post(c.addr, "/consumer/reset/do", &step2("1")).await;
+    assert_eq!(status, 303, "{page}");
+    let (next, epoch, owner) = offset_row(&db, &w.batch, &w.topic, 0).await;
+    assert_eq!((next, epoch), (Some(2), epoch0 + 1));
+    assert!(owner.starts_with("reset:console:127.0.0.1"), "{owner}");
+    assert_eq!(
+        stored_offset(&db, &w.batch, &w.topic, 1).await,
+        Some(1),
+        "only partition 0"
+    );
+    let (status, audit, _) = get(c.addr, &location.unwrap()).await;
+    assert_eq!(status, 200);
+    assert!(
+        audit.contains("Done: reset of consumer_offsets, 1 row(s)") && audit.contains("replay p0"),
+        "{audit}"
+    );
+
+    // A shift of the whole topic, then a time after the last record: the log's end.
+    let shift = vec![
+        ("consumer", w.batch.clone()),
+        ("topic", w.topic.clone()),
+        ("kind", "shift".to_string()),
+        ("value", "-1".to_string()),
+    ];
+    let (_, plan, _) = post(c.addr, "/consumer/reset/confirm", &shift).await;
+    assert!(plan.contains("Type <b>2</b>"), "{plan}");
+    let hidden = hidden_fields(&plan, "/consumer/reset/do");
+    assert!(
+        hidden.contains(&("shift_by".into(), "-1".into())),
+        "{hidden:?}"
+    );
+    assert_eq!(
+        post(c.addr, "/consumer/reset/do", &typed_in(&hidden, "2"))
+            .await
+            .0,
+        303
+    );
+    assert_eq!(stored_offset(&db, &w.batch, &w.topic, 0).await, Some(1));
+    assert_eq!(stored_offset(&db, &w.batch, &w.topic, 1).await, Some(0));
+    let later = vec![
+        ("consumer", w.batch.clone()),
+        ("kind", "time".to_string()),
+        ("value", "2099-01-01T00:00".to_string()),
+    ];
+    let (_, plan, _) = post(c.addr, "/consumer/reset/confirm", &later).await;
+    let hidden = hidden_fields(&plan, "/consumer/reset/do");
+    assert!(
+        hidden.contains(&("to".into(), "2099-01-01T00:00:00Z".into())),
+        "the time as resolved: {hidden:?}"
+    );
+    assert_eq!(
+        post(c.addr, "/consumer/reset/do", &typed_in(&hidden, "2"))
+            .await
+            .0,
+        303
+    );
+    assert_eq!(stored_offset(&db, &w.batch, &w.topic, 0).await, Some(7));
+    assert_eq!(stored_offset(&db, &w.batch, &w.topic, 1).await, Some(1));
+    assert_eq!(audited(&db, &w.batch, "reset").await.len(), 3);
+    // An offset outside the log is refused at the plan.
+    let mut outside = reset.clone();
+    outside[4].1 = "999".into();
+    let (status, page, _) = post(c.addr, "/consumer/reset/confirm", &outside).await;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("outside the log"), "{page}");
+
+    // Kafka unreachable: the page still renders, from PostgreSQL, and says so.
+    let config =
+        Config::from_toml_str(&config_text(&w, "").replace(&kafka_brokers(), "127.0.0.1:9"))
+            .expect("config");
+    let bound = effectively::console::bind(&config, None)
+        .await
+        .expect("console binds");
+    let addr = bound.addr;
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(bound.run(async move {
+        let _ = stopped.await;
+    }));
+    let asked = std::time::Instant::now();
+    let (status, page, _) = get(addr, &page_path).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(page.contains("Kafka: "), "{page}");
+    let row = partition_row(&page, &w.topic, 0);
+    assert!(
+        row.contains("<td class=\"num\">7</td><td class=\"num\">?</td><td class=\"num\">?</td><td class=\"num muted\">?</td>"),
+        "{row}"
+    );
+}
+
 /// Headless Chromium (Debian's `chromium`) with a fresh profile: `args` then `url`; stdout.
 fn chromium(args: &[String], url: &str) -> Option<String> {
     let profile = std::env::temp_dir().join(unique("console-chromium"));
@@ -800,7 +1140,7 @@ fn chromium(args: &[String], url: &str) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_browser_renders_the_overview_and_a_parked_message() {
+async fn a_browser_renders_the_overview_a_parked_message_and_a_consumer() {
     if std::process::Command::new("chromium")
         .arg("--version")
         .output()
@@ -811,6 +1151,15 @@ async fn a_browser_renders_the_overview_and_a_parked_message() {
     }
     let w = world().await;
     let c = console(&w, "").await;
+    // The consumer page with its forms, and one partition paused.
+    let writable = console(&w, "writes = true").await;
+    let pause = vec![
+        ("consumer", w.batch.clone()),
+        ("topic", w.topic.clone()),
+        ("partition", "1".to_string()),
+        ("note", "waiting for the card fix".to_string()),
+    ];
+    assert_eq!(post(writable.addr, "/consumer/pause", &pause).await.0, 303);
     let db = pg().await;
     let id = one(
         &db,
@@ -820,8 +1169,9 @@ async fn a_browser_renders_the_overview_and_a_parked_message() {
     .await;
     let img = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/img");
     std::fs::create_dir_all(img).unwrap();
-    for (path, shot, wants) in [
+    for (addr, path, shot, wants) in [
         (
+            c.addr,
             "/".to_string(),
             "console-overview.png",
             vec![
@@ -832,6 +1182,7 @@ async fn a_browser_renders_the_overview_and_a_parked_message() {
             ],
         ),
         (
+            c.addr,
             format!("/parked/dead-letters/{id}"),
             "console-message.png",
             vec![
@@ -841,8 +1192,20 @@ async fn a_browser_renders_the_overview_and_a_parked_message() {
                 "Hex".into(),
             ],
         ),
+        (
+            writable.addr,
+            format!("/consumer?name={}", w.batch),
+            "console-consumer.png",
+            vec![
+                w.topic.clone(),
+                "stored offset".into(),
+                "paused".into(),
+                "waiting for the card fix".into(),
+                "Plan the reset".into(),
+            ],
+        ),
     ] {
-        let url = format!("http://{}{path}", c.addr);
+        let url = format!("http://{addr}{path}");
         let u = url.clone();
         let dom = tokio::task::spawn_blocking(move || chromium(&["--dump-dom".into()], &u))
             .await

@@ -453,5 +453,10 @@ fn static_membership_needs_a_stable_worker_id() {
     let text = format!("[kafka]\nstatic_membership = true\n[worker]\nid = \"w-0\"\n{MINIMAL}");
     let config = Config::from_toml_str(&text).expect("valid with an id");
     assert!(config.kafka.static_membership);
-    assert!(!Config::from_toml_str(MINIMAL).unwrap().kafka.static_membership);
+    assert!(
+        !Config::from_toml_str(MINIMAL)
+            .unwrap()
+            .kafka
+            .static_membership
+    );
 }

@@ -209,17 +209,43 @@ async fn count(s: &Shared, sel: &Selection) -> Result<u64, ConsoleError> {
     })
 }
 
+/// The confirmation step of every two-step change: what it takes, the number to type, the
+/// fields the second POST carries. Also the offset reset's ([`super::control`]), with its plan.
 #[derive(Template)]
 #[template(path = "console/confirm.html")]
-struct Confirm {
-    c: Chrome,
-    words: String,
-    count: u64,
-    count_text: String,
-    problem: Option<String>,
-    hidden: Vec<(&'static str, String)>,
-    danger: bool,
-    note: String,
+pub(crate) struct Confirm {
+    pub c: Chrome,
+    /// The sentence before the count: "This takes every parked dead letter matching …".
+    pub words: String,
+    pub count: u64,
+    pub count_text: String,
+    /// What is counted: "row(s)", "partition(s)".
+    pub unit: &'static str,
+    /// Each partition's move (topic, partition, from, to, log, what it means); empty but for
+    /// a reset.
+    pub plan: Vec<[String; 6]>,
+    pub problem: Option<String>,
+    /// Where the second step posts.
+    pub post_to: &'static str,
+    pub hidden: Vec<(&'static str, String)>,
+    pub danger: bool,
+    pub note: String,
+    /// Where "Cancel" goes.
+    pub back: String,
+    pub back_label: &'static str,
+}
+
+impl Confirm {
+    /// The page, 409 when it comes back with a problem (nothing was done).
+    pub fn respond(self) -> Result<Response, ConsoleError> {
+        let status = match self.problem {
+            Some(_) => StatusCode::CONFLICT,
+            None => StatusCode::OK,
+        };
+        let mut r = html(self)?;
+        *r.status_mut() = status;
+        Ok(r)
+    }
 }
 
 fn confirm_page(
@@ -230,31 +256,22 @@ fn confirm_page(
     problem: Option<String>,
 ) -> Result<Response, ConsoleError> {
     let verb = form.verb()?;
-    let page = Confirm {
-        c: Chrome {
-            title: verb.title.into(),
-            nav: "parked",
-            refresh: None,
-            pause: None,
-            resume: None,
-            writes: s.settings.writes,
-        },
-        words,
+    Confirm {
+        c: Chrome::still(s, verb.title, "parked"),
+        words: format!("This takes {words}"),
         count,
         count_text: thousands(count as i64),
+        unit: "row(s)",
+        plan: Vec::new(),
         problem,
+        post_to: "/actions/do",
         hidden: form.hidden(),
         danger: verb.danger,
         note: form.note.clone().unwrap_or_default(),
-    };
-    let status = if page.problem.is_some() {
-        StatusCode::CONFLICT
-    } else {
-        StatusCode::OK
-    };
-    let mut r = html(page)?;
-    *r.status_mut() = status;
-    Ok(r)
+        back: "/parked".into(),
+        back_label: "Back to parked messages",
+    }
+    .respond()
 }
 
 /// `POST /actions/confirm`: counts, changes nothing.

@@ -112,7 +112,7 @@ impl Refusal {
                 StatusCode::FORBIDDEN,
                 "Read-only",
                 "This console is read-only: set `writes = true` in the config's [console] \
-                 section to redrive, replay or discard.",
+                 section to redrive, replay, discard, pause, resume or reset offsets.",
             ),
         }
     }

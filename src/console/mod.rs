@@ -19,6 +19,7 @@
 
 mod actions;
 pub mod auth;
+mod control;
 pub mod lag;
 pub mod mask;
 mod pages;
@@ -35,7 +36,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use deadpool_postgres::Pool;
 
-use crate::config::{Config, ConsoleConfig, Secret, Strategy};
+use crate::config::{Config, ConsoleConfig, ConsumerConfig, Secret, Strategy};
+use crate::operator::control::KafkaLookup;
 use crate::store::{pool, StoreError};
 
 /// Why the console could not start, or a page could not be made.
@@ -62,6 +64,9 @@ pub enum ConsoleError {
     /// A request the page cannot make sense of (a malformed filter).
     #[error("{0}")]
     BadRequest(String),
+    /// Something the request needs did not answer (Kafka, for a reset's plan).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl From<deadpool_postgres::PoolError> for ConsoleError {
@@ -81,6 +86,7 @@ impl IntoResponse for ConsoleError {
         let (status, title) = match &self {
             ConsoleError::NotFound(_) => (StatusCode::NOT_FOUND, "Not found"),
             ConsoleError::BadRequest(_) => (StatusCode::BAD_REQUEST, "Bad request"),
+            ConsoleError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "Unavailable"),
             _ => {
                 tracing::warn!(error = %self, "console: page failed");
                 (StatusCode::INTERNAL_SERVER_ERROR, "Error")
@@ -98,6 +104,9 @@ pub struct ConsumerInfo {
     pub strategy: &'static str,
     /// Inbox strategy, or versioned writes (whose gaps wait in the inbox).
     pub uses_inbox: bool,
+    /// The whole section, for the consumer page and its controls ([`crate::operator::control`]
+    /// takes it: topics, `max_rate`).
+    pub config: ConsumerConfig,
 }
 
 /// What every handler shares.
@@ -109,6 +118,9 @@ pub struct Shared {
     pub(crate) consumers: Vec<ConsumerInfo>,
     pub(crate) watermarks: lag::Watermarks,
     pub(crate) rates: lag::Rates,
+    /// Kafka's side of the consumer page and of offset resets (partitions, logs, offsets for a
+    /// time), or why librdkafka refused its settings: the page then shows PostgreSQL's side.
+    pub(crate) kafka: Result<KafkaLookup, String>,
     /// The producer redrives send with; only when writes are on.
     pub(crate) redriver: Option<crate::operator::Redriver>,
 }
@@ -169,10 +181,12 @@ pub async fn bind(config: &Config, addr: Option<SocketAddr>) -> Result<Bound, Co
                     Strategy::Inbox => "inbox",
                 },
                 uses_inbox: c.strategy == Strategy::Inbox || c.version.is_some(),
+                config: c.clone(),
             })
             .collect(),
         watermarks: lag::Watermarks::new(&config.kafka),
         rates: lag::Rates::default(),
+        kafka: KafkaLookup::new(&config.kafka).map_err(|e| format!("kafka client: {e}")),
         redriver: match settings.writes {
             false => None,
             true => Some(
@@ -245,6 +259,11 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/actions/confirm", post(actions::confirm))
         .route("/actions/do", post(actions::act))
         .route("/audit", get(pages::audit::page))
+        .route("/consumer", get(pages::consumer::page))
+        .route("/consumer/pause", post(control::pause))
+        .route("/consumer/resume", post(control::resume))
+        .route("/consumer/reset/confirm", post(control::plan))
+        .route("/consumer/reset/do", post(control::reset))
         .route("/inbox", get(pages::inbox::page))
         .route("/outbox", get(pages::outbox::page))
         .route("/notifications", get(pages::notifications::page))
@@ -295,6 +314,18 @@ pub struct Chrome {
 }
 
 impl Chrome {
+    /// A page that never reloads itself (a confirmation).
+    pub fn still(shared: &Shared, title: impl Into<String>, nav: &'static str) -> Chrome {
+        Chrome {
+            title: title.into(),
+            nav,
+            refresh: None,
+            pause: None,
+            resume: None,
+            writes: shared.settings.writes,
+        }
+    }
+
     /// `live`: the page refreshes itself unless `?refresh=off` is in `uri`.
     pub fn new(
         shared: &Shared,

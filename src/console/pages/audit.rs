@@ -30,7 +30,8 @@ struct Page {
     next: Option<String>,
 }
 
-fn cells(r: AuditRow) -> [String; 7] {
+/// An audit row's cells, as the audit page and a consumer's page list them.
+pub(crate) fn cells(r: AuditRow) -> [String; 7] {
     [
         time(r.at),
         r.actor,

@@ -2,6 +2,7 @@
 //! (`render`), and fills its template. The templates hold no logic beyond loops and ifs.
 
 pub mod audit;
+pub mod consumer;
 pub mod inbox;
 pub mod message;
 pub mod notifications;

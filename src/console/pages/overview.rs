@@ -31,6 +31,8 @@ struct Page {
 
 struct ConsumerView {
     name: String,
+    /// The consumer's own page.
+    href: String,
     strategy: &'static str,
     topics: String,
     partitions: Vec<PartitionView>,
@@ -171,6 +173,7 @@ pub async fn page(State(s): State<Arc<Shared>>, uri: Uri) -> Result<Response, Co
             .collect();
         consumers.push(ConsumerView {
             name: info.name.clone(),
+            href: format!("/consumer?name={}", encode(&info.name)),
             strategy: info.strategy,
             topics: info.topics.join(", "),
             lag: match (lag_known, partitions.is_empty()) {
