@@ -283,23 +283,34 @@ fn confirm_page(
     .respond()
 }
 
+impl ResetForm {
+    /// The consumer, the scope, the target and the plan of the reset this form asks for.
+    async fn plan<'a>(
+        &self,
+        s: &'a Shared,
+    ) -> Result<(&'a ConsumerInfo, Scope, Target, Vec<Move>), ConsoleError> {
+        let (c, scope) = self.scope.scope(s)?;
+        let target = self.target()?;
+        let plan = op::plan_reset(
+            &s.pool,
+            kafka(s)?,
+            &c.config,
+            scope.topic.as_deref(),
+            scope.partition,
+            target,
+        )
+        .await
+        .map_err(refused)?;
+        Ok((c, scope, target, plan))
+    }
+}
+
 /// `POST /consumer/reset/confirm`: the plan; changes nothing.
 pub async fn plan(
     State(s): State<Arc<Shared>>,
     Form(form): Form<ResetForm>,
 ) -> Result<Response, ConsoleError> {
-    let (c, scope) = form.scope.scope(&s)?;
-    let target = form.target()?;
-    let plan = op::plan_reset(
-        &s.pool,
-        kafka(&s)?,
-        &c.config,
-        scope.topic.as_deref(),
-        scope.partition,
-        target,
-    )
-    .await
-    .map_err(refused)?;
+    let (c, scope, target, plan) = form.plan(&s).await?;
     confirm_page(&s, c, &form, &scope, target, &plan, None)
 }
 
@@ -309,18 +320,7 @@ pub async fn reset(
     Extension(who): Extension<Who>,
     Form(form): Form<ResetForm>,
 ) -> Result<Response, ConsoleError> {
-    let (c, scope) = form.scope.scope(&s)?;
-    let target = form.target()?;
-    let plan = op::plan_reset(
-        &s.pool,
-        kafka(&s)?,
-        &c.config,
-        scope.topic.as_deref(),
-        scope.partition,
-        target,
-    )
-    .await
-    .map_err(refused)?;
+    let (c, scope, target, plan) = form.plan(&s).await?;
     let typed = given(&form.typed).map(|t| t.replace([',', ' '], ""));
     if plan.is_empty() {
         let problem = "Nothing to move now: nothing was done.".to_string();

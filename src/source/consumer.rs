@@ -450,18 +450,7 @@ impl Source {
         r: &Running,
         paused: bool,
     ) {
-        {
-            let mut set = self
-                .control
-                .paused
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if paused {
-                set.insert(tp.clone());
-            } else {
-                set.remove(tp);
-            }
-        }
+        self.control.mark_paused(tp, paused);
         if *r.paused.borrow() == paused {
             return;
         }
@@ -685,18 +674,7 @@ impl Source {
             paused: paused_tx,
         };
         // Paused from its first record: the task waits at its gate, librdkafka fetches nothing.
-        {
-            let mut set = self
-                .control
-                .paused
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if paused {
-                set.insert(tp.clone());
-            } else {
-                set.remove(tp);
-            }
-        }
+        self.control.mark_paused(tp, paused);
         match paused {
             true => self.pause_fetcher(consumer, tp, true),
             false => crate::metrics::partition_paused(&self.config.name, &tp.0, tp.1, false),

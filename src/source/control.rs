@@ -166,6 +166,16 @@ impl SourceControl {
         })
     }
 
+    /// Records whether `tp` is paused here now.
+    pub fn mark_paused(&self, tp: &TopicPartition, paused: bool) {
+        let mut set = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        if paused {
+            set.insert(tp.clone());
+        } else {
+            set.remove(tp);
+        }
+    }
+
     pub fn is_paused(&self, tp: &TopicPartition) -> bool {
         self.paused
             .lock()
