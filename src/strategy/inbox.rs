@@ -106,6 +106,7 @@ impl Strategy for Inbox {
         let shape = Shape {
             segment_len: usize::MAX,
             fence_first: true,
+            strategy: "inbox",
         };
         // No pre-filter: the inbox's primary key is the receiver's dedupe (see the config check).
         let out = drive(ctx, &batch, &shape, self, None, committed).await?;
