@@ -273,8 +273,10 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
         telemetry::spans::Source {
             consumer: &ctx.consumer,
             topic: &ctx.topic,
-            partition: None,
-            strategy: "batch (group)",
+            // One member: its partition; several: each member's record says its own.
+            partition: (members.len() == 1).then_some(ctx.partition),
+            strategy: "batch",
+            group: Some(members.len()),
         },
         records.clone().count(),
         records.filter_map(|r| telemetry::context::from_headers(&r.raw.headers)),

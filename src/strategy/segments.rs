@@ -353,6 +353,7 @@ async fn attempt(
             topic: &ctx.topic,
             partition: Some(ctx.partition),
             strategy: shape.strategy,
+            group: None,
         },
         records.len(),
         (records.iter()).filter_map(|r| telemetry::context::from_headers(&r.raw.headers)),

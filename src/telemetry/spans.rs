@@ -43,8 +43,10 @@ pub struct Source<'a> {
     pub topic: &'a str,
     /// `None`: several partitions (a commit group, an inbox round).
     pub partition: Option<i32>,
-    /// `batch`, `per-message`, `group`, `inbox`.
+    /// `batch`, `per-message`, `inbox` (the receiver), `inbox-processor`.
     pub strategy: &'static str,
+    /// A commit group's transaction: how many partitions' batches it holds.
+    pub group: Option<usize>,
 }
 
 /// The parent and links of a transaction span, by the rule in the module docs.
@@ -110,6 +112,9 @@ impl Tx {
                 "messaging.destination.partition.id",
                 p.to_string(),
             ));
+        }
+        if let Some(n) = source.group {
+            attributes.push(KeyValue::new("effectively.commit_group", n as i64));
         }
         let builder = tracer
             .span_builder(format!("{name} {}", source.topic))
@@ -312,6 +317,7 @@ mod tests {
             topic: "t",
             partition: Some(0),
             strategy: "batch",
+            group: None,
         };
         let never = std::iter::from_fn(|| -> Option<SpanContext> {
             panic!("a context was read while tracing is off")
