@@ -190,10 +190,10 @@ impl Relay {
                 }
             }
         }
-        for (d, span) in deliveries.into_iter().zip(spans) {
+        for (d, mut span) in deliveries.into_iter().zip(spans) {
             let failed = match d.await {
                 Ok(Ok(delivery)) => {
-                    if let Some(mut s) = span {
+                    if let Some(mut s) = span.take() {
                         s.attribute(
                             "messaging.destination.partition.id",
                             delivery.partition.into(),
@@ -207,6 +207,9 @@ impl Relay {
                 Err(_) => Some("the producer was dropped".to_string()),
             };
             if let Some(error) = failed {
+                if let Some(s) = span {
+                    s.end(Some(&error));
+                }
                 // Nothing is marked: the rows published so far go out again next round.
                 return Err(RelayError::Publish {
                     rows: rows.len(),

@@ -327,3 +327,108 @@ async fn one_trace_runs_from_the_producer_through_the_engine_and_the_relay_to_th
     assert_eq!(next.parent(), Some(relayed.span_id.as_str()), "{next:#?}");
     assert_eq!(next.tags["messaging.consumer.group.name"], second.as_str());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_row_and_a_notification_keep_the_trace_to_the_providers_call() {
+    let url = jaeger().await;
+    let topic = unique("traces-inbox");
+    let consumer = unique("traces-inbox");
+    let channel = unique("traces_sms").replace('-', "_");
+    let service = unique("effectively-test");
+    create_topic(&topic, 1).await;
+    let db = pg().await;
+    let stub = provider_stub::ProviderStub::start("127.0.0.1:0")
+        .await
+        .expect("provider stub");
+
+    // The inbox receiver stores the message with its context; a processor applies it, and its
+    // effect records a notification, which the sender delivers.
+    let text = format!(
+        "{base}\n[[consumer]]\nname = \"{consumer}\"\ntopics = [\"{topic}\"]\n\
+         strategy = \"inbox\"\n\
+         handler = {{ kind = \"sql\", statement = \"\"\"\n\
+         INSERT INTO notifications (event_id, channel, payload)\n\
+         SELECT message_id, '{channel}', payload FROM fresh_messages\"\"\" }}\n\
+         [consumer.inbox]\nprocessors = 1\npoll_interval = \"50ms\"\n\
+         [sender]\npoll_interval = \"50ms\"\n\
+         [sender.channels.{channel}]\nurl = \"{stub}/v1/messages\"\n",
+        base = base(&service),
+        stub = stub.url(),
+    );
+    let config = Config::from_toml_str(&text).expect("test config");
+    let worker = Worker::start(config.clone(), Default::default())
+        .await
+        .expect("worker starts");
+    let stop = CancellationToken::new();
+    let sender = tokio::spawn(
+        effectively::sender::Sender::new(&config)
+            .expect("sender")
+            .run(stop.clone()),
+    );
+
+    let trace_id = uuid::Uuid::new_v4().simple().to_string();
+    let producer_span = "0000000000a1b2c3";
+    let p = Payment::new(&unique("u"), 30_000);
+    send_with_headers(
+        &topic,
+        &p,
+        &[("traceparent", &format!("00-{trace_id}-{producer_span}-01"))],
+    )
+    .await;
+    eventually(60, "the notification was sent", || async {
+        let status: Option<String> = db
+            .query_opt(
+                "SELECT status FROM notifications WHERE event_id = $1 AND channel = $2",
+                &[&p.event_id, &channel],
+            )
+            .await
+            .unwrap()
+            .map(|r| r.get(0));
+        status.as_deref() == Some("SENT")
+    })
+    .await;
+    let inbox_row: Option<String> = db
+        .query_one(
+            "SELECT traceparent FROM inbox WHERE consumer = $1 AND message_id = $2",
+            &[&consumer, &p.event_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        inbox_row.as_deref(),
+        Some(format!("00-{trace_id}-{producer_span}-01").as_str()),
+        "the inbox row keeps its message's context"
+    );
+    stop.cancel();
+    sender.await.unwrap();
+    worker.stop().await.unwrap();
+    assert_eq!(stub.messages().len(), 1);
+
+    let mut spans = Vec::new();
+    for _ in 0..60 {
+        spans = trace_spans(&url, &trace_id).await;
+        if spans.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let by_op = |op: &str| -> &SpanView {
+        spans
+            .iter()
+            .find(|s| s.operation == op)
+            .unwrap_or_else(|| panic!("no span {op:?} in trace {trace_id}: {spans:#?}"))
+    };
+    let received = by_op(&format!("process {topic}"));
+    let processed = by_op(&format!("inbox {topic}"));
+    let call = by_op("POST");
+    assert_eq!(spans.len(), 3, "{spans:#?}");
+    assert_eq!(received.tags["effectively.strategy"], "inbox");
+    assert_eq!(received.parent(), Some(producer_span), "{received:#?}");
+    assert_eq!(processed.tags["effectively.strategy"], "inbox-processor");
+    assert_eq!(processed.parent(), Some(producer_span), "{processed:#?}");
+    assert_eq!(processed.tags["effectively.fresh"], 1);
+    assert_eq!(call.parent(), Some(processed.span_id.as_str()), "{call:#?}");
+    assert_eq!(call.tags["http.response.status_code"], 200);
+    assert_eq!(call.tags["effectively.channel"], channel.as_str());
+}

@@ -392,6 +392,7 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
                 + (sorted.candidates.len() - fresh_seq.len()) as u64,
             parked: sorted.parked.len() as u64,
             skipped: sorted.skipped.iter().map(|v| v.len() as u64).sum(),
+            retried: 0,
         });
     }
     let mut reasons = sorted.reasons;

@@ -140,7 +140,13 @@ impl Body for Inbox {
             .iter()
             .zip(raws)
             .map(|(env, raw)| {
-                Incoming::new(env, ordering_key(&self.ordering_key, env), &raw.headers)
+                let mut row =
+                    Incoming::new(env, ordering_key(&self.ordering_key, env), &raw.headers);
+                if crate::telemetry::enabled() {
+                    row.trace = crate::telemetry::context::from_headers(&raw.headers)
+                        .map(|cx| crate::telemetry::context::format(&cx));
+                }
+                row
             })
             .collect();
         let t0 = Instant::now();

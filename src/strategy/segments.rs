@@ -471,6 +471,7 @@ async fn attempt(
             duplicates: duplicates_in_batch + prefilter_hits + body_out.duplicates,
             parked: parked.len() as u64,
             skipped: skipped.len() as u64,
+            retried: 0,
         });
     }
     Ok(Outcome {

@@ -34,6 +34,8 @@ pub struct Counts {
     pub duplicates: u64,
     pub parked: u64,
     pub skipped: u64,
+    /// Rows that failed and wait for a retry (an inbox round).
+    pub retried: u64,
 }
 
 /// Where a transaction's messages come from.
@@ -162,6 +164,10 @@ impl Tx {
                 KeyValue::new("effectively.parked", c.parked as i64),
                 KeyValue::new("effectively.skipped", c.skipped as i64),
             ]);
+            if c.retried > 0 {
+                self.span
+                    .set_attribute(KeyValue::new("effectively.retried", c.retried as i64));
+            }
         }
         self.span.end();
     }
