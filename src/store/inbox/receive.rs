@@ -154,12 +154,14 @@ pub async fn receive(
     } else {
         RECEIVE_KEEP_TRACED
     };
-    let traced = rows
-        .iter()
-        .filter_map(|r| Some((r.env.message_id, r.trace.as_ref()?)));
-    let (ids, (parents, states)): (Vec<uuid::Uuid>, (Vec<&str>, Vec<Option<&str>>)) = traced
-        .map(|(id, (p, s))| (id, (p.as_str(), s.as_deref())))
-        .unzip();
+    let (mut ids, mut parents, mut states) = (Vec::new(), Vec::new(), Vec::new());
+    for r in rows {
+        if let Some((parent, state)) = &r.trace {
+            ids.push(r.env.message_id);
+            parents.push(parent.as_str());
+            states.push(state.as_deref());
+        }
+    }
     let stmt = tx.prepare_cached(sql).await?;
     Ok(tx
         .execute(&stmt, &[&consumer, &topic, &ids, &parents, &states])
