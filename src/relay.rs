@@ -174,7 +174,10 @@ impl Relay {
                     });
                 }
             }
-            spans.push(span);
+            if span.is_some() {
+                spans.resize_with(deliveries.len(), || None);
+                spans.push(span);
+            }
             let record = FutureRecord::to(topic)
                 .key(&r.aggregate_id)
                 .payload(&r.payload)
@@ -190,7 +193,9 @@ impl Relay {
                 }
             }
         }
-        for (d, mut span) in deliveries.into_iter().zip(spans) {
+        for (i, d) in deliveries.into_iter().enumerate() {
+            // Only rows with a span have a place in `spans` (nothing is pushed when off).
+            let mut span = spans.get_mut(i).and_then(Option::take);
             let failed = match d.await {
                 Ok(Ok(delivery)) => {
                     if let Some(mut s) = span.take() {

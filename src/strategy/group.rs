@@ -266,21 +266,24 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
         })
         .collect();
     let set_based = ctx.handler.stages_payload();
-    // Tracing off: `None`, and no header is read.
-    let records = members.iter().flat_map(|m| &m.batch.records);
-    let span = telemetry::Tx::start(
-        "process",
-        telemetry::spans::Source {
-            consumer: &ctx.consumer,
-            topic: &ctx.topic,
-            // One member: its partition; several: each member's record says its own.
-            partition: (members.len() == 1).then_some(ctx.partition),
-            strategy: "batch",
-            group: Some(members.len()),
-        },
-        records.clone().count(),
-        records.filter_map(|r| telemetry::context::from_headers(&r.raw.headers)),
-    );
+    // Tracing off: `None`, and nothing is counted or read.
+    let span = telemetry::enabled().then(|| {
+        let records = members.iter().flat_map(|m| &m.batch.records);
+        telemetry::Tx::start(
+            "process",
+            telemetry::spans::Source {
+                consumer: &ctx.consumer,
+                topic: &ctx.topic,
+                // One member: its partition; several: each member's record says its own.
+                partition: (members.len() == 1).then_some(ctx.partition),
+                strategy: "batch",
+                group: Some(members.len()),
+            },
+            records.clone().count(),
+            records.filter_map(|r| telemetry::context::from_headers(&r.raw.headers)),
+        )
+    });
+    let span = span.flatten();
     let carrier = span.as_ref().map(telemetry::Tx::carrier);
     let t0 = Instant::now();
     let mut conn = ctx.pool.get().await?;

@@ -136,13 +136,14 @@ impl Body for Inbox {
         candidates: &[&Envelope],
         raws: &[&Raw],
     ) -> Result<BodyOutcome, AttemptError> {
+        let traced = crate::telemetry::enabled();
         let rows: Vec<Incoming<'_>> = candidates
             .iter()
             .zip(raws)
             .map(|(env, raw)| {
                 let mut row =
                     Incoming::new(env, ordering_key(&self.ordering_key, env), &raw.headers);
-                if crate::telemetry::enabled() {
+                if traced {
                     row.trace = crate::telemetry::context::from_headers(&raw.headers)
                         .map(|cx| crate::telemetry::context::format(&cx));
                 }
