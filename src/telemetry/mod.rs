@@ -75,7 +75,10 @@ pub fn install(config: &TracingConfig, component: Component) -> Result<(), Telem
     }
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
-        .with_http_client(export::Client::new(config.export_timeout))
+        .with_http_client(export::Client::new(
+            config.export_timeout,
+            config.traces_url(),
+        ))
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(config.traces_url())
         .with_timeout(config.export_timeout)
