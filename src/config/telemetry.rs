@@ -196,6 +196,27 @@ mod tests {
     }
 
     #[test]
+    fn the_example_configs_commented_section_parses_uncommented() {
+        let text: String = (crate::config::EXAMPLE.lines())
+            .skip_while(|l| *l != "# [tracing]")
+            .skip(1)
+            .map_while(|l| l.strip_prefix("# "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let c = parse(&text);
+        assert!(c.enabled, "{text}");
+        assert_eq!(c.otlp_endpoint, "http://127.0.0.1:4318");
+        assert_eq!(
+            TracingConfig {
+                enabled: false,
+                ..c
+            },
+            TracingConfig::default(),
+            "the example shows the defaults"
+        );
+    }
+
+    #[test]
     fn env_overrides() {
         let mut c = TracingConfig::default();
         let vars = [
