@@ -10,7 +10,7 @@ export STACK_DIR ?= $(CURDIR)/.stack
 WITH_ENV := source $(STACK_DIR)/env &&
 
 .PHONY: up down status build migrate lint test demo bench microbench chaos chaos-cluster cluster-up cluster-down \
-	registry-up registry-down
+	registry-up registry-down jaeger-up jaeger-down
 
 up:
 	@$(STACK) up >/dev/null
@@ -66,7 +66,7 @@ DEBUG_FEATURES := --features effectively/failpoints
 # run in shards at once (scripts/test.sh). The failover scenario runs last, alone: beside the
 # demos it once failed its harness's wait for the standby (2026-12-07), so it keeps the machine.
 test:
-	$(MAKE) --no-print-directory -j3 --output-sync=target registry-up lint
+	$(MAKE) --no-print-directory -j3 --output-sync=target registry-up jaeger-up lint
 	$(MAKE) --no-print-directory monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) scripts/test.sh $(DEBUG_FEATURES)
@@ -149,6 +149,16 @@ registry-up: up
 
 registry-down:
 	@$(STACK) registry-down
+
+# Jaeger v2 (scripts/jaeger.sh), the trace backend, on demand: `make test` starts it beside the
+# registry for tests/traces.rs (which, like the bench's tracing phase, also starts it itself).
+# Built once from the Go module proxy (about 4 minutes on two cores, cached under
+# $(STACK_DIR)/jaeger/). Loopback: OTLP/HTTP on 4318, the query API on 16686.
+jaeger-up: up
+	@$(STACK) jaeger-up >/dev/null
+
+jaeger-down:
+	@$(STACK) jaeger-down
 
 # Failover: every scenario of docs/RELIABILITY.md "Failover scenarios" (Kafka leader bounces, a
 # paused leader, two brokers down, a rolling restart; PostgreSQL switchover, crash, standby down,

@@ -17,6 +17,10 @@
 #                              on demand: loopback, 127.0.0.1:8081, its storage in PostgreSQL; prints
 #                              SCHEMA_REGISTRY_URL (.stack/env has it whether or not it runs)
 #   scripts/stack.sh registry-down | registry-crash (SIGKILL)
+#   scripts/stack.sh jaeger-up     Jaeger v2, the trace backend (scripts/jaeger.sh), only on demand:
+#                              built once from the Go module proxy, loopback, OTLP on 4318, the
+#                              query API on 16686; writes .stack/jaeger.env and prints it
+#   scripts/stack.sh jaeger-down
 #   scripts/stack.sh kafka CLASS ARGS...   run a Kafka tool, e.g.
 #        scripts/stack.sh kafka org.apache.kafka.tools.TopicCommand --bootstrap-server 127.0.0.1:9092 --list
 #   STACK_TOPOLOGY=cluster scripts/stack.sh CMD   the cluster stack instead: three Kafka nodes, a
@@ -36,6 +40,8 @@ PG_DB=${PG_DB:-effectively}
 source "$ROOT/scripts/lib.sh"
 # shellcheck source=scripts/registry.sh
 source "$ROOT/scripts/registry.sh"
+# shellcheck source=scripts/jaeger.sh
+source "$ROOT/scripts/jaeger.sh"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,6 +329,7 @@ status() {
     echo "redis:      running, pid $(cat "$REDIS_HOME/pid"), redis://127.0.0.1:$(cat "$REDIS_HOME/port") (on demand)"
   fi
   registry_status
+  jaeger_status
 }
 
 mkdir -p "$STACK_DIR"
@@ -335,6 +342,7 @@ case "${1:-}" in
     ;;
   down)
     registry_down
+    jaeger_down
     kafka_down
     pg_down
     redis_down
@@ -346,6 +354,7 @@ case "${1:-}" in
     echo "$KAFKA_HOME/logs/server.log"
     [ -e "$STACK_DIR/pg" ] && echo "$(pg_data_dir)/server.log"
     if [ -f "$REGISTRY_HOME/registry.log" ]; then echo "$REGISTRY_HOME/registry.log"; fi
+    if [ -f "$JAEGER_HOME/jaeger.log" ]; then echo "$JAEGER_HOME/jaeger.log"; fi
     ;;
   reset)
     "$0" down
@@ -365,6 +374,8 @@ case "${1:-}" in
   redis-crash) redis_down KILL ;;
   registry-up) registry_up ;;
   registry-down) registry_down ;;
+  jaeger-up) jaeger_up ;;
+  jaeger-down) jaeger_down ;;
   registry-crash)
     pid_alive "$REGISTRY_HOME/pid" && kill -KILL "$(cat "$REGISTRY_HOME/pid")"
     rm -f "$REGISTRY_HOME/pid"
@@ -379,7 +390,7 @@ case "${1:-}" in
     kafka_java "$@"
     ;;
   *)
-    sed -n '2,26p' "$0" >&2
+    sed -n '2,30p' "$0" >&2
     exit 2
     ;;
 esac

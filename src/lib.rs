@@ -109,6 +109,9 @@
 //! - [`version`]: versioned writes, which of a batch's events each aggregate can take and in
 //!   what rounds (pure; `[consumer.version]`).
 //! - [`envelope`]: decoding a record: message id, event date, rejections.
+//! - [`telemetry`]: OpenTelemetry traces (`[tracing]`, off by default): W3C trace context read
+//!   from records and rows ([`telemetry::context`]), the transaction, publish and call spans
+//!   and their parent-and-links rule ([`telemetry::spans`]), the OTLP/HTTP exporter.
 //! - [`config`]: the typed configuration, one file per section, and its checks.
 
 pub mod batch;
@@ -130,5 +133,6 @@ pub mod source;
 pub mod stats;
 pub mod store;
 pub mod strategy;
+pub mod telemetry;
 pub mod version;
 pub mod worker;

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, DatabaseConfig, Published, RelayConfig, RetryConfig};
 use crate::health::Health;
 use crate::store::{outbox, pool, StoreError};
+use crate::telemetry::{self, context::TRACEPARENT, context::TRACESTATE};
 
 /// Why the relay stopped, or a round failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,8 @@ pub enum RelayError {
     Pool(#[from] pool::PoolError),
     #[error("the broker did not acknowledge {rows} record(s): {error}")]
     Publish { rows: usize, error: String },
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
 }
 
 impl From<deadpool_postgres::PoolError> for RelayError {
@@ -73,6 +76,7 @@ impl Relay {
     /// Builds the relay of `config`'s `[relay]` (no connection is made yet).
     pub fn new(config: &Config) -> Result<Relay, RelayError> {
         let relay = config.relay.clone().ok_or(RelayError::NotConfigured)?;
+        telemetry::install(&config.tracing, telemetry::Component::Relay)?;
         let producer = config.kafka.client_config(&[
             // No duplicates or reordering from the producer's own retries: what is left is the
             // resend after a crash, which the event id covers.
@@ -125,13 +129,14 @@ impl Relay {
         }
         let started = Instant::now();
         let mut deliveries = Vec::with_capacity(rows.len());
+        let mut spans = Vec::new();
         for r in &rows {
             let topic = self
                 .config
                 .topic_for(&r.event_type)
                 .expect("only event types with a topic are claimed");
             let id = r.id.to_string();
-            let headers = OwnedHeaders::new()
+            let mut headers = OwnedHeaders::new()
                 .insert(Header {
                     key: "event_id",
                     value: Some(id.as_bytes()),
@@ -140,6 +145,39 @@ impl Relay {
                     key: "event_type",
                     value: Some(r.event_type.as_bytes()),
                 });
+            // The row's trace context goes on: through a span of this relay when the row's
+            // context is sampled (and tracing is on), else as the row holds it.
+            let span = (r.traceparent.as_deref())
+                .filter(|_| telemetry::enabled())
+                .and_then(|tp| telemetry::context::from_columns(Some(tp), r.tracestate.as_deref()))
+                .and_then(|cx| {
+                    let attrs = [
+                        ("messaging.message.id", id.as_str()),
+                        ("effectively.event_type", r.event_type.as_str()),
+                        ("effectively.aggregate_id", r.aggregate_id.as_str()),
+                    ];
+                    telemetry::Publish::send(topic, &cx, &attrs)
+                });
+            let carrier = match &span {
+                Some(s) => Some(s.carrier()),
+                None => (r.traceparent.clone()).map(|tp| (tp, r.tracestate.clone())),
+            };
+            if let Some((parent, state)) = &carrier {
+                headers = headers.insert(Header {
+                    key: TRACEPARENT,
+                    value: Some(parent.as_bytes()),
+                });
+                if let Some(state) = state {
+                    headers = headers.insert(Header {
+                        key: TRACESTATE,
+                        value: Some(state.as_bytes()),
+                    });
+                }
+            }
+            if span.is_some() {
+                spans.resize_with(deliveries.len(), || None);
+                spans.push(span);
+            }
             let record = FutureRecord::to(topic)
                 .key(&r.aggregate_id)
                 .payload(&r.payload)
@@ -155,13 +193,28 @@ impl Relay {
                 }
             }
         }
-        for d in deliveries {
+        for (i, d) in deliveries.into_iter().enumerate() {
+            // Only rows with a span have a place in `spans` (nothing is pushed when off).
+            let mut span = spans.get_mut(i).and_then(Option::take);
             let failed = match d.await {
-                Ok(Ok(_)) => None,
+                Ok(Ok(delivery)) => {
+                    if let Some(mut s) = span.take() {
+                        s.attribute(
+                            "messaging.destination.partition.id",
+                            delivery.partition.into(),
+                        );
+                        s.attribute("messaging.kafka.offset", delivery.offset);
+                        s.end(None);
+                    }
+                    None
+                }
                 Ok(Err((e, _))) => Some(e.to_string()),
                 Err(_) => Some("the producer was dropped".to_string()),
             };
             if let Some(error) = failed {
+                if let Some(s) = span {
+                    s.end(Some(&error));
+                }
                 // Nothing is marked: the rows published so far go out again next round.
                 return Err(RelayError::Publish {
                     rows: rows.len(),
@@ -232,6 +285,7 @@ impl Relay {
         }
         // Ends on purpose: not a dead loop for `/healthz`.
         self.health.stopping();
+        telemetry::flush().await;
     }
 
     async fn sample(&self) {

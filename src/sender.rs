@@ -45,6 +45,8 @@ pub enum SenderError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Pool(#[from] pool::PoolError),
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
 }
 
 impl From<deadpool_postgres::PoolError> for SenderError {
@@ -67,6 +69,7 @@ pub struct Sender {
 impl Sender {
     pub fn new(config: &Config) -> Result<Sender, SenderError> {
         let sender = config.sender.clone().ok_or(SenderError::NotConfigured)?;
+        crate::telemetry::install(&config.tracing, crate::telemetry::Component::Sender)?;
         let opts = pool::PoolOptions {
             size: 4,
             connect_timeout: config.database.connect_timeout,
@@ -113,6 +116,38 @@ impl Sender {
         drop(client);
         let outcomes = futures::future::join_all(claimed.iter().map(|n| self.one(n))).await;
         outcomes.into_iter().collect()
+    }
+
+    /// `request` with the notification's trace context: through a span of this call when the
+    /// row's context is sampled (and tracing is on), else as the row holds it.
+    fn traced(
+        &self,
+        mut request: reqwest::RequestBuilder,
+        n: &Claimed,
+    ) -> (reqwest::RequestBuilder, Option<crate::telemetry::Publish>) {
+        use crate::telemetry::{self, context};
+        let span = (n.traceparent.as_deref())
+            .filter(|_| telemetry::enabled())
+            .and_then(|tp| context::from_columns(Some(tp), n.tracestate.as_deref()))
+            .and_then(|cx| {
+                let id = n.event_id.to_string();
+                let attrs = [
+                    ("effectively.channel", n.channel.as_str()),
+                    ("effectively.notification_id", id.as_str()),
+                ];
+                telemetry::Publish::http("POST", &cx, &attrs)
+            });
+        let carrier = match &span {
+            Some(s) => Some(s.carrier()),
+            None => (n.traceparent.clone()).map(|tp| (tp, n.tracestate.clone())),
+        };
+        if let Some((parent, state)) = carrier {
+            request = request.header(context::TRACEPARENT, parent);
+            if let Some(state) = state {
+                request = request.header(context::TRACESTATE, state);
+            }
+        }
+        (request, span)
     }
 
     /// Delivers one claimed notification and records the outcome.
@@ -188,13 +223,22 @@ impl Sender {
                 );
             }
         }
-        let answer = self
-            .http
-            .post(&channel.url)
-            .header("Idempotency-Key", &key)
-            .json(&n.payload)
-            .send()
-            .await;
+        let (mut request, span) = self.traced(
+            self.http.post(&channel.url).header("Idempotency-Key", &key),
+            n,
+        );
+        request = request.json(&n.payload);
+        let answer = request.send().await;
+        if let Some(mut s) = span {
+            match &answer {
+                Ok(a) => {
+                    let code = a.status().as_u16();
+                    s.attribute("http.response.status_code", code.into());
+                    s.end((code >= 400).then_some(a.status().as_str()));
+                }
+                Err(e) => s.end(Some(&e.to_string())),
+            }
+        }
         // Chaos: the provider acted, the outcome is not recorded.
         fail::fail_point!("sender_after_call", |_| std::process::abort());
         let answer = match answer {
@@ -324,6 +368,7 @@ impl Sender {
         }
         // Ends on purpose: not a dead loop for `/healthz`.
         self.health.stopping();
+        crate::telemetry::flush().await;
     }
 
     async fn sample(&self) {

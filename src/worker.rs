@@ -81,6 +81,8 @@ impl Worker {
                     .into(),
             ));
         }
+        crate::telemetry::install(&config.tracing, crate::telemetry::Component::Worker)
+            .map_err(|e| WorkerError::Config(e.to_string()))?;
         let db = config.database.clone();
         let opts = PoolOptions {
             size: config.database.pool_size,
@@ -327,6 +329,8 @@ impl Worker {
                 result = Err(e.into());
             }
         }
+        // The spans of the last batches, before the process ends.
+        crate::telemetry::flush().await;
         tracing::info!("worker stopped");
         result
     }

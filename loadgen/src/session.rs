@@ -53,6 +53,9 @@ pub struct Session {
     /// Set by [`Session::shaped`]: how event ids look and how records wrap payments.
     pub ids: crate::produce::shape::Ids,
     pub envelope: crate::produce::shape::Envelope,
+    /// Each record carries a W3C `traceparent` of its own (a new trace, sampled): the tracing
+    /// phase of the bench.
+    pub traced: bool,
 }
 
 impl Session {
@@ -99,6 +102,7 @@ impl Session {
             wire: None,
             ids: Default::default(),
             envelope: Default::default(),
+            traced: false,
         })
     }
 
@@ -110,6 +114,12 @@ impl Session {
     ) -> Session {
         self.ids = ids;
         self.envelope = envelope;
+        self
+    }
+
+    /// Every record gets a `traceparent` header, each its own trace (see [`Session::traced`]).
+    pub fn traced(mut self) -> Session {
+        self.traced = true;
         self
     }
 

@@ -92,6 +92,7 @@ pub async fn produce_stage_with(
         started: Instant::now(),
         ids: session.ids,
         envelope: session.envelope,
+        traced: session.traced,
     };
     let started_at = chrono::Utc::now();
     let offered = plan_summary(&spec.plan);

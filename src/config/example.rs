@@ -201,4 +201,13 @@ published = "keep"          # or "delete"
 # mask = ["/card/number"]    # JSON pointers shown as *** on every page
 # refresh = "5s"             # pages reload themselves (each has a Pause link); "0s": never
 # page_size = 50
+
+# OpenTelemetry traces over OTLP/HTTP (docs/OPERATIONS.md, "Following one payment through the
+# engine"). Off by default: then no header is read and no span is made.
+# [tracing]
+# enabled = true
+# otlp_endpoint = "http://127.0.0.1:4318"   # or OTEL_EXPORTER_OTLP_ENDPOINT; posts /v1/traces
+# sampling_ratio = 1.0       # of the traces that start here; a traceparent's decision is kept
+# service_name = "effectively"   # the relay and the sender add "-relay" and "-sender"
+# export_timeout = "10s"
 "#;

@@ -22,6 +22,7 @@ mod payload;
 mod prefilter;
 mod relay;
 mod sender;
+mod telemetry;
 mod tls;
 mod version;
 pub use console::{check_addr as check_console_addr, ConsoleConfig, DEFAULT_CONSOLE_ADDR};
@@ -37,6 +38,7 @@ pub use payload::{PayloadConfig, PayloadFormat, RegistryAuth};
 pub use prefilter::{PrefilterConfig, Ttl};
 pub use relay::{Published, RelayConfig};
 pub use sender::{ChannelConfig, OnInterrupted, SenderConfig};
+pub use telemetry::{Ratio, TracingConfig};
 pub use tls::{without_tls_params, Tls, TlsConfig, TlsMode};
 pub use version::{VersionConfig, VersionMode};
 
@@ -82,6 +84,9 @@ pub struct Config {
     /// `[console]`: the web console's settings (`effectively console`); absent, its defaults.
     #[serde(default)]
     pub console: Option<ConsoleConfig>,
+    /// `[tracing]`: OpenTelemetry traces over OTLP; off by default.
+    #[serde(default)]
+    pub tracing: TracingConfig,
 }
 
 /// `[kafka]`. `Debug` is by hand so that credentials in `options` are never printed.
@@ -335,6 +340,7 @@ impl Config {
                 reason: format!("{v:?} is not a connection count: {e}"),
             })?;
         }
+        config.tracing.apply_env(var)?;
         config.validate()?;
         Ok(config)
     }
@@ -402,6 +408,7 @@ impl Config {
         if let Some(c) = &self.console {
             problems.extend(c.problems());
         }
+        problems.extend(self.tracing.problems());
         // Each processor holds a connection for its whole round; the receivers, maintenance and
         // the gauges need theirs too, or they wait for a processor to finish.
         let processors: usize = (self.consumers.iter())

@@ -413,9 +413,66 @@ impl Processors {
         Ok(round)
     }
 
+    /// [`Self::apply_rows`] under the round's span (when tracing is on): linked to the context
+    /// each row kept from its message, a child of it when they all share one trace; the effect's
+    /// outbox and notification rows keep the span's context. The span ends before `COMMIT`.
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        claimed: Vec<Claimed>,
+        count_attempt: bool,
+    ) -> Result<Round, RoundError> {
+        if claimed.is_empty() || !crate::telemetry::enabled() {
+            return self.apply_rows(tx, claimed, count_attempt).await;
+        }
+        let first = claimed[0].topic.as_str();
+        let topic = match claimed.iter().all(|c| c.topic == first) {
+            true => first.to_string(),
+            false => "(several topics)".to_string(),
+        };
+        let source = crate::telemetry::spans::Source {
+            consumer: &self.consumer,
+            topic: &topic,
+            partition: None,
+            strategy: "inbox-processor",
+            group: None,
+        };
+        let contexts = (claimed.iter()).filter_map(|c| {
+            crate::telemetry::context::from_columns(
+                c.traceparent.as_deref(),
+                c.tracestate.as_deref(),
+            )
+        });
+        let span = crate::telemetry::Tx::start("inbox", source, claimed.len(), contexts);
+        if let Some(s) = &span {
+            let (parent, state) = s.carrier();
+            crate::store::trace_context::set_local(tx, &parent, state.as_deref()).await?;
+        }
+        let started = Instant::now();
+        let round = self.apply_rows(tx, claimed, count_attempt).await;
+        if let Some(mut s) = span {
+            match &round {
+                Ok(r) => {
+                    s.stage("apply", started, Instant::now());
+                    s.end(crate::telemetry::Counts {
+                        records: r.claimed as u64,
+                        fresh: r.done,
+                        effects: r.effects,
+                        duplicates: r.business_duplicates,
+                        parked: r.failed,
+                        skipped: 0,
+                        retried: r.retried,
+                    })
+                }
+                Err(RoundError::Unavailable(e) | RoundError::Fatal(e)) => s.fail(e),
+            }
+        }
+        round
+    }
+
     /// Applies `claimed` in `tx` and records the outcome of every row (module docs, 1 to 4).
     /// `count_attempt`: the claim did not count this attempt (lock claims).
-    async fn apply(
+    async fn apply_rows(
         &self,
         tx: &Transaction<'_>,
         claimed: Vec<Claimed>,

@@ -20,6 +20,7 @@ pub mod partitions;
 pub mod pool;
 pub mod retention;
 pub mod tls;
+pub mod trace_context;
 pub mod versions;
 
 /// What the caller should do about a failed database call.

@@ -26,6 +26,10 @@ pub struct Claimed {
     pub interrupted: bool,
     /// This claim's lease.
     pub sending_since: DateTime<Utc>,
+    /// The W3C trace context of the transaction that recorded it (V14), if it was traced: the
+    /// provider call carries it on.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 impl Claimed {
@@ -53,7 +57,7 @@ SET status = 'SENDING', sending_since = clock_timestamp(), attempts = n.attempts
 FROM picked p
 WHERE n.event_id = p.event_id AND n.channel = p.channel
 RETURNING n.event_id, n.channel, n.payload, n.key_generation, n.attempts, p.status = 'SENDING',
-          n.sending_since";
+          n.sending_since, n.traceparent, n.tracestate";
 
 /// Claims up to `limit` notifications of `channels`: due PENDING ones, and SENDING ones older
 /// than `sending_timeout` (interrupted). Commits (autocommit on `client`).
@@ -77,6 +81,8 @@ pub async fn claim<C: GenericClient + Sync>(
             attempts: r.get(4),
             interrupted: r.get(5),
             sending_since: r.get(6),
+            traceparent: r.get(7),
+            tracestate: r.get(8),
         })
         .collect())
 }

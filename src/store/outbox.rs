@@ -23,9 +23,14 @@ pub struct Row {
     pub payload: String,
     pub created_at: DateTime<Utc>,
     pub seq: i64,
+    /// The W3C trace context of the transaction that wrote the row (migration V14), if it was
+    /// traced: the relay's record carries it on.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
-const COLUMNS: &str = "o.id, o.aggregate_id, o.event_type, o.payload::text, o.created_at, o.seq";
+const COLUMNS: &str = "o.id, o.aggregate_id, o.event_type, o.payload::text, o.created_at, o.seq, \
+                       o.traceparent, o.tracestate";
 
 /// The event-type condition for a row aliased `alias`: the types served (`$1`), or none (a
 /// relay with a default topic; `$1` is then NULL and unused). Two statements rather than
@@ -82,6 +87,8 @@ fn row(r: &tokio_postgres::Row) -> Row {
         payload: r.get(3),
         created_at: r.get(4),
         seq: r.get(5),
+        traceparent: r.get(6),
+        tracestate: r.get(7),
     }
 }
 

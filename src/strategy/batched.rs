@@ -59,6 +59,7 @@ impl Strategy for Batched {
         let shape = Shape {
             segment_len: usize::MAX,
             fence_first: true,
+            strategy: "batch",
         };
         let mut outcome = drive(
             ctx,

@@ -36,7 +36,8 @@ use crate::envelope::Envelope;
 use crate::handler::BatchContext;
 use crate::store::dead_letters::{self, Parked};
 use crate::store::offsets::{self, Move};
-use crate::store::{copy, dedupe};
+use crate::store::{copy, dedupe, trace_context};
+use crate::telemetry;
 
 /// The committers of one consumer, one per topic.
 pub struct Groups {
@@ -265,12 +266,34 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
         })
         .collect();
     let set_based = ctx.handler.stages_payload();
+    // Tracing off: `None`, and nothing is counted or read.
+    let span = telemetry::enabled().then(|| {
+        let records = members.iter().flat_map(|m| &m.batch.records);
+        telemetry::Tx::start(
+            "process",
+            telemetry::spans::Source {
+                consumer: &ctx.consumer,
+                topic: &ctx.topic,
+                // One member: its partition; several: each member's record says its own.
+                partition: (members.len() == 1).then_some(ctx.partition),
+                strategy: "batch",
+                group: Some(members.len()),
+            },
+            records.clone().count(),
+            records.filter_map(|r| telemetry::context::from_headers(&r.raw.headers)),
+        )
+    });
+    let span = span.flatten();
+    let carrier = span.as_ref().map(telemetry::Tx::carrier);
     let t0 = Instant::now();
     let mut conn = ctx.pool.get().await?;
     let transaction = async {
         let dates = sorted.candidates.iter().map(|e| e.event_date);
         ctx.partitions.ensure(&**conn, dates).await?;
         let tx = conn.transaction().await?;
+        if let Some((parent, state)) = &carrier {
+            trace_context::set_local(&tx, parent, state.as_deref()).await?;
+        }
         let refused = offsets::advance_many(&tx, &ctx.consumer, &ctx.topic, &moves).await?;
         if !refused.is_empty() {
             return Err(Failure::Refused(refused));
@@ -320,6 +343,12 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
     let (fresh_seq, applied, phases) = match answered {
         Ok(done) => done,
         Err(e) => {
+            if let Some(s) = span {
+                s.fail(&match &e {
+                    Failure::Refused(p) => format!("fence refused for partitions {p:?}"),
+                    Failure::Other(e) => format!("{e:?}"),
+                });
+            }
             if matches!(e, Failure::Other(AttemptError::Unavailable(_))) {
                 // As in `segments`: a connection that failed this way is never reused.
                 crate::store::pool::discard(conn);
@@ -345,6 +374,29 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
     let mut candidates = vec![0u64; members.len()];
     for &o in &sorted.owner {
         candidates[o] += 1;
+    }
+    if let Some(mut s) = span {
+        let mut at = t0;
+        for (name, took) in [
+            ("fence", phases.fence),
+            ("stage", phases.stage),
+            ("dedupe", phases.dedupe),
+            ("effect", phases.effect),
+            ("commit", phases.commit),
+        ] {
+            s.stage(name, at, at + took);
+            at += took;
+        }
+        s.end(telemetry::Counts {
+            records: members.iter().map(|m| m.batch.len() as u64).sum(),
+            fresh: fresh_seq.len() as u64,
+            effects: applied.effects,
+            duplicates: (sorted.repeated.iter().sum::<u64>())
+                + (sorted.candidates.len() - fresh_seq.len()) as u64,
+            parked: sorted.parked.len() as u64,
+            skipped: sorted.skipped.iter().map(|v| v.len() as u64).sum(),
+            retried: 0,
+        });
     }
     let mut reasons = sorted.reasons;
     let mut skipped = sorted.skipped;

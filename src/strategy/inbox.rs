@@ -106,6 +106,7 @@ impl Strategy for Inbox {
         let shape = Shape {
             segment_len: usize::MAX,
             fence_first: true,
+            strategy: "inbox",
         };
         // No pre-filter: the inbox's primary key is the receiver's dedupe (see the config check).
         let out = drive(ctx, &batch, &shape, self, None, committed).await?;
@@ -135,11 +136,18 @@ impl Body for Inbox {
         candidates: &[&Envelope],
         raws: &[&Raw],
     ) -> Result<BodyOutcome, AttemptError> {
+        let traced = crate::telemetry::enabled();
         let rows: Vec<Incoming<'_>> = candidates
             .iter()
             .zip(raws)
             .map(|(env, raw)| {
-                Incoming::new(env, ordering_key(&self.ordering_key, env), &raw.headers)
+                let mut row =
+                    Incoming::new(env, ordering_key(&self.ordering_key, env), &raw.headers);
+                if traced {
+                    row.trace = crate::telemetry::context::from_headers(&raw.headers)
+                        .map(|cx| crate::telemetry::context::format(&cx));
+                }
+                row
             })
             .collect();
         let t0 = Instant::now();

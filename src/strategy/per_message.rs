@@ -40,6 +40,7 @@ impl Strategy for PerMessage {
         let shape = Shape {
             segment_len: 1,
             fence_first: false,
+            strategy: "per-message",
         };
         drive(
             ctx,

@@ -33,8 +33,9 @@ use super::{wait, AttemptError, BatchError, Committed, Outcome, PartitionCtx};
 use crate::batch::{Batch, Raw};
 use crate::envelope::{Envelope, Reason, Rejection};
 use crate::prefilter::{Key, Prefilter};
-use crate::store::dead_letters;
 use crate::store::offsets::{self, Refusal};
+use crate::store::{dead_letters, trace_context};
+use crate::telemetry;
 
 /// What a body did with a segment's candidates.
 #[derive(Debug, Default)]
@@ -72,6 +73,8 @@ pub(crate) struct Shape {
     /// Advance the fenced offset first (the batch strategy: a zombie fails at its first
     /// statement), or last (the seed's per-message order: key, effect, offset).
     pub fence_first: bool,
+    /// The strategy's name, for the transaction's span.
+    pub strategy: &'static str,
 }
 
 struct Segment {
@@ -239,6 +242,14 @@ pub(crate) async fn drive(
     Ok(out)
 }
 
+/// Ends a transaction's span (if traced) as failed with `e`, and gives `e` back.
+fn traced(span: Option<telemetry::Tx>, e: AttemptError) -> AttemptError {
+    if let Some(s) = span {
+        s.fail(&format!("{e:?}"));
+    }
+    e
+}
+
 /// The batch's pre-filter and what its lookup said.
 struct Filter<'a> {
     prefilter: &'a Prefilter,
@@ -334,8 +345,25 @@ async fn attempt(
         }
     }
 
+    // Tracing off: `None`, and no header is read.
+    let mut span = telemetry::Tx::start(
+        "process",
+        telemetry::spans::Source {
+            consumer: &ctx.consumer,
+            topic: &ctx.topic,
+            partition: Some(ctx.partition),
+            strategy: shape.strategy,
+            group: None,
+        },
+        records.len(),
+        (records.iter()).filter_map(|r| telemetry::context::from_headers(&r.raw.headers)),
+    );
+    let carrier = span.as_ref().map(telemetry::Tx::carrier);
     let t0 = Instant::now();
-    let mut conn = ctx.pool.get().await?;
+    let mut conn = match ctx.pool.get().await {
+        Ok(c) => c,
+        Err(e) => return Err(traced(span, e.into())),
+    };
     // Everything up to COMMIT, bounded by the deadline: a server that stopped answering (a
     // SIGSTOPped or frozen primary, whose kernel still acknowledges every packet, so neither
     // keepalives nor the TCP user timeout notice) must not hold the partition for ever.
@@ -344,6 +372,9 @@ async fn attempt(
             .ensure(&**conn, candidates.iter().map(|e| e.event_date))
             .await?;
         let tx = conn.transaction().await?;
+        if let Some((parent, state)) = &carrier {
+            trace_context::set_local(&tx, parent, state.as_deref()).await?;
+        }
         let fence = || async {
             if offsets::advance(&tx, &ctx.consumer, &ctx.topic, ctx.partition, mv).await? {
                 return Ok(());
@@ -356,6 +387,7 @@ async fn attempt(
         }
         let fenced_at = Instant::now();
         dead_letters::park(&tx, &ctx.consumer, &parked).await?;
+        let body_at = Instant::now();
         let body_out = if candidates.is_empty() {
             BodyOutcome::default()
         } else {
@@ -378,13 +410,13 @@ async fn attempt(
         fail::fail_point!("before_commit", |_| std::process::abort());
         let committing = Instant::now();
         tx.commit().await?;
-        Ok((body_out, fenced_at, committing.elapsed()))
+        Ok((body_out, fenced_at, body_at, committing))
     };
     let answered = match tokio::time::timeout(ctx.deadline, transaction).await {
         Ok(r) => r,
         Err(_) => Err(crate::store::StoreError::Timeout(ctx.deadline).into()),
     };
-    let (body_out, fenced_at, commit_took) = match answered {
+    let (body_out, fenced_at, body_at, committing) = match answered {
         Ok(done) => done,
         Err(e) => {
             if matches!(e, AttemptError::Unavailable(_)) {
@@ -392,9 +424,10 @@ async fn attempt(
                 // on a server that is read-only now: never hand it to another transaction.
                 crate::store::pool::discard(conn);
             }
-            return Err(e);
+            return Err(traced(span, e));
         }
     };
+    let commit_took = committing.elapsed();
     // Chaos: committed in PostgreSQL, Kafka not told yet.
     fail::fail_point!("after_commit", |_| std::process::abort());
     if let Some(f) = filter {
@@ -417,6 +450,29 @@ async fn attempt(
     for p in &parked {
         tracing::warn!(consumer = %ctx.consumer, topic = p.topic, partition = p.partition,
             offset = p.offset, reason = p.reason, detail = p.detail, "message parked in dead_letters");
+    }
+    if let Some(mut s) = span.take() {
+        s.stage("fence", t0, fenced_at);
+        let mut at = body_at;
+        let stages = [
+            ("stage", body_out.stage),
+            ("dedupe", body_out.dedupe),
+            ("effect", body_out.effect),
+        ];
+        for (name, took) in stages.into_iter().filter(|(_, d)| !d.is_zero()) {
+            s.stage(name, at, at + took);
+            at += took;
+        }
+        s.stage("commit", committing, committing + commit_took);
+        s.end(telemetry::Counts {
+            records: records.len() as u64,
+            fresh: body_out.fresh,
+            effects: body_out.effects,
+            duplicates: duplicates_in_batch + prefilter_hits + body_out.duplicates,
+            parked: parked.len() as u64,
+            skipped: skipped.len() as u64,
+            retried: 0,
+        });
     }
     Ok(Outcome {
         records: records.len() as u64,

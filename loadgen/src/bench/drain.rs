@@ -128,14 +128,44 @@ pub(super) async fn drain_with(
     workers: usize,
     compression: Compression,
 ) -> anyhow::Result<(Drain, Option<DropDuringDrain>)> {
+    let opts = Opts {
+        compression,
+        ..Opts::default()
+    };
+    drain_opts(bin, args, strategy, events, drop_keys, workers, &opts).await
+}
+
+/// How a drain's topic is written and its workers run, beyond the defaults.
+#[derive(Debug, Default)]
+pub(super) struct Opts<'a> {
+    pub(super) compression: Compression,
+    /// Every record with a `traceparent` of its own (the tracing phase).
+    pub(super) traced: bool,
+    /// TOML appended to each worker's config, after its consumer (e.g. a `[tracing]` table).
+    pub(super) worker_extra: &'a str,
+}
+
+/// [`drain_with`], with `opts`.
+pub(super) async fn drain_opts(
+    bin: &Path,
+    args: &BenchArgs,
+    strategy: &str,
+    events: u64,
+    drop_keys: u64,
+    workers: usize,
+    opts: &Opts<'_>,
+) -> anyhow::Result<(Drain, Option<DropDuringDrain>)> {
     let name = format!("bench-{strategy}-{:06x}", fastrand::u32(..0xffffff));
     let plan = vec![Step {
         rate: None,
         duration: Duration::from_secs(3600),
     }];
     let mut spec = spec(args, &name, PARTITIONS, plan, Some(events), resends_only());
-    spec.compression = compression;
-    let session = Session::open(&spec).await?;
+    spec.compression = opts.compression;
+    let mut session = Session::open(&spec).await?;
+    if opts.traced {
+        session = session.traced();
+    }
     let produced = produce_stage(&session, &spec).await?;
     let records = produced.acked();
     if drop_keys > 0 {
@@ -159,7 +189,8 @@ pub(super) async fn drain_with(
     let mut pool = Vec::new();
     for w in 0..workers {
         let file = format!("{name}-{w}");
-        pool.push(Worker::start_on(bin, args, &name, &name, strategy, "", &file).await?);
+        let extra = opts.worker_extra;
+        pool.push(Worker::start_on(bin, args, &name, &name, strategy, extra, &file).await?);
     }
     let dropper = (drop_keys > 0).then(|| {
         let (bin, url, started_at) = (

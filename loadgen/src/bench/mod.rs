@@ -21,7 +21,9 @@
 //! 11. compression codecs: the batch drain of a topic written with none, zstd, gzip, snappy and
 //!     lz4, msg/s and worker CPU per message side by side (`codecs`);
 //! 12. the registry formats: the batch drain in JSON, Avro, Protobuf and JSON Schema, msg/s and
-//!     worker CPU per message side by side (`formats`).
+//!     worker CPU per message side by side (`formats`);
+//! 13. traces: the batch drain of records that each carry a `traceparent`, with tracing off, on
+//!     at a sampling ratio of 0.1 and on at 1.0 exporting to Jaeger, side by side (`traces`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
@@ -38,6 +40,7 @@ mod partitions;
 mod procfs;
 pub(crate) mod replay;
 mod river;
+mod traces;
 mod worker;
 
 use std::path::PathBuf;
@@ -121,6 +124,8 @@ pub enum Phase {
     Formats,
     /// A second and a third worker joining and leaving under load: the partitions' stalls.
     Joins,
+    /// The batch drain with tracing off, on at 0.1 and on at 1.0 (exporting to Jaeger).
+    Tracing,
 }
 
 struct Sizes {
@@ -147,6 +152,9 @@ struct Sizes {
     /// drain of 10,000 lasts half a second, and the worker's start-up is then a fifth of its
     /// CPU per message).
     formats: u64,
+    /// Payments of each tracing drain: a quarter of the batch drain's, at least 50,000, as the
+    /// codecs' (off and 0.1 in two halves each).
+    tracing: u64,
 }
 
 /// The inbox curve's size limit: each of its six runs stores the topic and applies every row,
@@ -185,6 +193,7 @@ impl Sizes {
             joins: Duration::from_secs_f64((100.0 * f).max(40.0)),
             codecs: (batch / 4).max(50_000),
             formats: (batch / 10).clamp(50_000, 100_000),
+            tracing: (batch / 4).max(50_000),
         })
     }
 }
@@ -298,6 +307,11 @@ struct BenchReport {
     formats: Formats,
     #[serde(skip_serializing_if = "Option::is_none")]
     formats_error: Option<String>,
+    /// The batch drain with tracing off, on at 0.1 and on at 1.0: msg/s, worker CPU per
+    /// message, and their ratios against off.
+    tracing: traces::Tracing,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracing_error: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -612,6 +626,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             Err(e) => {
                 eprintln!("   the formats phase failed: {e:#}");
                 report.formats_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
+    }
+
+    if wants(Phase::Tracing) {
+        eprintln!(
+            "== traces: the batch drain of {} payments, each with a traceparent, with tracing \
+             off, on at 0.1 and on at 1.0 (exporting to Jaeger)",
+            sizes.tracing
+        );
+        match traces::tracing(&bin, &args, sizes.tracing).await {
+            Ok(t) => {
+                report.verified &= t.verified;
+                report.tracing = t;
+            }
+            Err(e) => {
+                eprintln!("   the tracing phase failed: {e:#}");
+                report.tracing_error = Some(format!("{e:#}"));
                 report.verified = false;
             }
         }

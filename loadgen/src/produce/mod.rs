@@ -145,6 +145,8 @@ pub struct Run {
     pub ids: shape::Ids,
     /// How records wrap their payments (`--envelope`).
     pub envelope: shape::Envelope,
+    /// Each record gets a `traceparent` of its own: a new trace, sampled (flags 01).
+    pub traced: bool,
 }
 
 impl Run {
@@ -220,8 +222,21 @@ pub async fn produce(
             shape::Envelope::Plain => rec,
             shape::Envelope::CloudEvents => shape::as_cloudevent(run, rec),
         };
+        let traceparent = run.traced.then(|| {
+            format!(
+                "00-{:032x}-{:016x}-01",
+                fastrand::u128(1..),
+                fastrand::u64(1..)
+            )
+        });
         Either::Left(async move {
             let mut headers = OwnedHeaders::new();
+            if let Some(tp) = &traceparent {
+                headers = headers.insert(Header {
+                    key: "traceparent",
+                    value: Some(tp.as_bytes()),
+                });
+            }
             if let Some(id) = &rec.event_id {
                 headers = headers.insert(Header {
                     key: "event_id",
@@ -509,6 +524,7 @@ mod tests {
             started: Instant::now(),
             ids: Default::default(),
             envelope: Default::default(),
+            traced: false,
         };
         let mix = Mix {
             resend: 1.0,
@@ -548,6 +564,7 @@ mod tests {
             started: Instant::now(),
             ids: Default::default(),
             envelope: Default::default(),
+            traced: false,
         };
         let mix = Mix {
             resend: 0.0,

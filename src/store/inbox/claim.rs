@@ -25,6 +25,9 @@ pub struct Claimed {
     pub kafka_ts: Option<DateTime<Utc>>,
     pub key: Option<Vec<u8>>,
     pub payload: Vec<u8>,
+    /// The message's W3C trace context, kept by the receiver when tracing was on (V14).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 /// The per-key order predicate (see the module docs), for a row aliased `i`: no open row of
@@ -424,6 +427,8 @@ fn claimed(r: &tokio_postgres::Row) -> Claimed {
         kafka_ts: r.get(8),
         key: r.get(9),
         payload: r.get(10),
+        traceparent: r.get(11),
+        tracestate: r.get(12),
     }
 }
 
@@ -433,7 +438,7 @@ static CLAIM_LOCKED: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new
 
 /// `COLUMNS` qualified by the alias `i`.
 const COLUMNS_OF_I: &str = "i.message_id, i.event_date, i.seq, i.attempts, i.ordering_key, \
-    i.topic, i.partition, i.\"offset\", i.kafka_ts, i.key, i.payload";
+    i.topic, i.partition, i.\"offset\", i.kafka_ts, i.key, i.payload, i.traceparent, i.tracestate";
 
 /// `claim = "lock"`: locks up to `limit` due rows, oldest first, each the head of its key,
 /// skipping rows other processors hold, in the caller's transaction (which applies them and

@@ -16,6 +16,9 @@ pub struct Incoming<'a> {
     pub ordering_key: String,
     pub header_names: Vec<&'a str>,
     pub header_values: Vec<Option<&'a [u8]>>,
+    /// The message's W3C trace context (`traceparent`, `tracestate`), kept in the row's own
+    /// columns for the processor's span; set only when tracing is on.
+    pub trace: Option<(String, Option<String>)>,
 }
 
 impl<'a> Incoming<'a> {
@@ -31,6 +34,7 @@ impl<'a> Incoming<'a> {
             ordering_key,
             header_names: headers.iter().map(|(k, _)| k.as_str()).collect(),
             header_values: headers.iter().map(|(_, v)| v.as_deref()).collect(),
+            trace: None,
         }
     }
 }
@@ -55,47 +59,75 @@ const TYPES: [Type; 10] = [
 // `seq` is drawn in offset order (the OFFSET 0 fence keeps the ordered subquery from being
 // flattened, so nextval runs after the sort); rows are inserted in message_id order, so two
 // receivers inserting overlapping ids lock them in the same order.
+// Traced (a row of the batch has a trace context): the contexts come as arrays beside the
+// staged rows (`$3` message ids, `$4` traceparents, `$5` tracestates) and fill the row's
+// `traceparent` and `tracestate`. Untraced, the statement is the one without them.
 macro_rules! store_fresh {
     () => {
-        "numbered AS MATERIALIZED (
+        store_fresh!("", "", "")
+    };
+    (traced) => {
+        store_fresh!(
+            ", traceparent, tracestate",
+            ", t.tp, t.ts",
+            " LEFT JOIN unnest($3::uuid[], $4::text[], $5::text[]) AS t(id, tp, ts)
+          ON t.id = numbered.message_id"
+        )
+    };
+    ($columns:literal, $values:literal, $join:literal) => {
+        concat!(
+            "numbered AS MATERIALIZED (
     SELECT f.*, nextval('inbox_seq') AS seq
     FROM (SELECT * FROM fresh ORDER BY \"offset\" OFFSET 0) f
 )
 INSERT INTO inbox (consumer, message_id, event_date, seq, ordering_key, topic, partition,
-                   \"offset\", kafka_ts, key, header_names, header_values, payload)
+                   \"offset\", kafka_ts, key, header_names, header_values, payload",
+            $columns,
+            ")
 SELECT $1, message_id, event_date, seq, ordering_key, $2, partition, \"offset\", kafka_ts, key,
-       header_names, header_values, payload
-FROM numbered ORDER BY message_id
+       header_names, header_values, payload",
+            $values,
+            "
+FROM numbered",
+            $join,
+            " ORDER BY message_id
 ON CONFLICT DO NOTHING"
+        )
     };
 }
 
 // `done = "keep"`. The NOT EXISTS honours keys this consumer recorded in processed_messages
 // (under the batch strategy, or `done = "delete"`), so switching a consumer to the inbox does
 // not apply old messages again.
-const RECEIVE_KEEP: &str = concat!(
-    "WITH fresh AS MATERIALIZED (
+macro_rules! keep_head {
+    () => {
+        "WITH fresh AS MATERIALIZED (
     SELECT s.* FROM staged_inbox s
     WHERE NOT EXISTS (SELECT 1 FROM processed_messages p
                       WHERE p.consumer = $1 AND p.message_id = s.message_id
                         AND p.event_date = s.event_date)
-), ",
-    store_fresh!()
-);
+), "
+    };
+}
+const RECEIVE_KEEP: &str = concat!(keep_head!(), store_fresh!());
+const RECEIVE_KEEP_TRACED: &str = concat!(keep_head!(), store_fresh!(traced));
 
 // `done = "delete"`: the inbox row goes once applied, so the key is recorded in the dedupe
 // ledger as it arrives, and only the keys new there are stored.
-const RECEIVE_DELETE: &str = concat!(
-    "WITH keys AS (
+macro_rules! delete_head {
+    () => {
+        "WITH keys AS (
     INSERT INTO processed_messages (consumer, message_id, event_date)
     SELECT $1, message_id, event_date FROM staged_inbox ORDER BY message_id
     ON CONFLICT DO NOTHING
     RETURNING message_id, event_date
 ), fresh AS MATERIALIZED (
     SELECT s.* FROM staged_inbox s JOIN keys k USING (message_id, event_date)
-), ",
-    store_fresh!()
-);
+), "
+    };
+}
+const RECEIVE_DELETE: &str = concat!(delete_head!(), store_fresh!());
+const RECEIVE_DELETE_TRACED: &str = concat!(delete_head!(), store_fresh!(traced));
 
 /// Stores `rows` (first copies, in offset order) in the caller's transaction; returns how many
 /// were new (the rest are duplicates). With `record_keys`, keys also go to processed_messages.
@@ -108,13 +140,32 @@ pub async fn receive(
 ) -> Result<u64, StoreError> {
     let refs: Vec<&Incoming<'_>> = rows.iter().collect();
     stage(tx, &refs).await?;
+    if rows.iter().all(|r| r.trace.is_none()) {
+        let sql = if record_keys {
+            RECEIVE_DELETE
+        } else {
+            RECEIVE_KEEP
+        };
+        let stmt = tx.prepare_cached(sql).await?;
+        return Ok(tx.execute(&stmt, &[&consumer, &topic]).await?);
+    }
     let sql = if record_keys {
-        RECEIVE_DELETE
+        RECEIVE_DELETE_TRACED
     } else {
-        RECEIVE_KEEP
+        RECEIVE_KEEP_TRACED
     };
+    let (mut ids, mut parents, mut states) = (Vec::new(), Vec::new(), Vec::new());
+    for r in rows {
+        if let Some((parent, state)) = &r.trace {
+            ids.push(r.env.message_id);
+            parents.push(parent.as_str());
+            states.push(state.as_deref());
+        }
+    }
     let stmt = tx.prepare_cached(sql).await?;
-    Ok(tx.execute(&stmt, &[&consumer, &topic]).await?)
+    Ok(tx
+        .execute(&stmt, &[&consumer, &topic, &ids, &parents, &states])
+        .await?)
 }
 
 /// Copies `rows` into the session's `staged_inbox`, creating it first in a session that has

@@ -32,6 +32,7 @@ fn run() -> Run {
         started: Instant::now(),
         ids: Default::default(),
         envelope: Default::default(),
+        traced: false,
     }
 }
 
