@@ -616,7 +616,7 @@ async fn the_commands_show_reset_pause_and_throttle() {
     assert!(ok && out.contains("1 pause(s) lifted"), "{out}");
     let (ok, out) = run(&["throttle", "--consumer", &consumer, "--rate", "250"]);
     assert!(
-        ok && out.contains("250 msg/s") && out.contains("burst 25"),
+        ok && out.contains("250 msg/s") && out.contains("burst 125"),
         "{out}"
     );
     let (ok, out) = run(&["offsets", "show", "--consumer", &consumer]);

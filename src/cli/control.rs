@@ -92,7 +92,7 @@ pub struct ThrottleArgs {
     /// Messages a second, across each worker's partitions of the consumer.
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Messages that may go at once after a quiet spell (default: a tenth of a second's worth).
+    /// Messages that may go at once after a quiet spell (default: half a second's worth).
     #[arg(long, requires = "rate")]
     pub burst: Option<u32>,
     /// Remove the run-time rate: the config's `max_rate`, if any, applies again.

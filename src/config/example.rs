@@ -78,9 +78,9 @@ future_tolerance = "1day"   # events dated further ahead are parked
 partitions_ahead = 3        # daily dedupe partitions created ahead of today
 stall_after = "1m"          # a batch retrying this long is a stall (gauge, alert, console)
 # Messages a second per worker, for a replay that must not swamp a shared primary (default: no
-# limit; `effectively throttle` sets one at run time). The burst: a tenth of a second's worth.
+# limit; `effectively throttle` sets one at run time). The burst: half a second's worth.
 # max_rate = 500
-# max_rate_burst = 50
+# max_rate_burst = 250
 
 # How values (and keys) are encoded: "json" as they are, or "avro", "protobuf", "json-schema" in
 # the Confluent wire format, decoded with the writer's schema from a Confluent-compatible Schema

@@ -28,7 +28,7 @@ mod version;
 pub use console::{check_addr as check_console_addr, ConsoleConfig, DEFAULT_CONSOLE_ADDR};
 pub use consumer::{
     default_burst, BatchConfig, ConsumerConfig, EnvelopeKind, EventDateSource, HandlerConfig,
-    OffsetReset, OnTombstone, OutOfRange, RetryConfig, Strategy,
+    OffsetReset, OnTombstone, OutOfRange, RetryConfig, Strategy, Throttle,
 };
 pub use example::EXAMPLE;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};

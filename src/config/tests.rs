@@ -431,11 +431,11 @@ fn a_text_id_needs_an_event_date_from_the_payload() {
 }
 
 #[test]
-fn max_rate_takes_a_burst_of_a_tenth_of_a_second_by_default() {
+fn max_rate_takes_a_burst_of_half_a_second_by_default() {
     assert_eq!(consumer(MINIMAL).rate_limit(), None);
     let t = consumer(&with("max_rate = 500")).rate_limit().unwrap();
-    assert_eq!((t.max_rate, t.burst), (500.0, 50));
-    let t = consumer(&with("max_rate = 3")).rate_limit().unwrap();
+    assert_eq!((t.max_rate, t.burst), (500.0, 250));
+    let t = consumer(&with("max_rate = 1")).rate_limit().unwrap();
     assert_eq!(t.burst, 1, "at least one");
     let t = consumer(&with("max_rate = 500\nmax_rate_burst = 7"))
         .rate_limit()

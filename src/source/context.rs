@@ -17,7 +17,7 @@ use crate::health::ConsumerHealth;
 use crate::stats::Stats;
 use crate::store::offsets::Claim;
 
-pub(super) type TopicPartition = (String, i32);
+pub(super) use super::control::TopicPartition;
 
 /// What the rebalance callback asks of the coordinator. The callback blocks on `reply`/`done`
 /// until the coordinator answers or drops it.

@@ -25,10 +25,12 @@ use tokio::sync::watch;
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
-use super::context::TopicPartition;
 use crate::store::control::{self, Scope, Throttle};
 use crate::store::offsets::RESET_OWNER_PREFIX;
 use crate::store::StoreError;
+
+/// A partition of a topic, as the source keys its tasks.
+pub type TopicPartition = (String, i32);
 
 /// How often a worker reads its consumers' control state.
 pub const PERIOD: Duration = Duration::from_secs(1);

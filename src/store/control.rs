@@ -7,6 +7,8 @@ use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
 use super::StoreError;
+/// A rate set at run time: the config's type (`max_rate` and its burst).
+pub use crate::config::Throttle;
 
 /// What a pause or resume covers: a whole consumer, one of its topics, or one partition.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -136,14 +138,6 @@ pub fn covering<'a>(pauses: &'a [Pause], scope: &Scope) -> Vec<&'a Pause> {
         .iter()
         .filter(|p| p.scope.contains(scope) && p.scope != *scope)
         .collect()
-}
-
-/// A rate set at run time.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Throttle {
-    /// Messages a second, across each worker's partitions of the consumer.
-    pub max_rate: f64,
-    pub burst: u32,
 }
 
 const THROTTLE: &str = "SELECT max_rate, burst FROM consumer_throttles WHERE consumer = $1";
