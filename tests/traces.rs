@@ -431,4 +431,11 @@ async fn an_inbox_row_and_a_notification_keep_the_trace_to_the_providers_call() 
     assert_eq!(call.parent(), Some(processed.span_id.as_str()), "{call:#?}");
     assert_eq!(call.tags["http.response.status_code"], 200);
     assert_eq!(call.tags["effectively.channel"], channel.as_str());
+    // The provider itself received the call's context: the trace, and the call span as parent.
+    let delivered = stub.messages();
+    assert_eq!(
+        delivered[0].traceparent.as_deref(),
+        Some(format!("00-{trace_id}-{}-01", call.span_id).as_str()),
+        "the provider's request carries the POST span's context"
+    );
 }

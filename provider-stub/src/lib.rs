@@ -77,6 +77,9 @@ pub struct Message {
     /// The request's body, as sent.
     pub body: Value,
     pub created_at: DateTime<Utc>,
+    /// The request's W3C `traceparent` header, if it carried one (the sender's trace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// What happens to the next request that arrives with a new key.
@@ -252,13 +255,14 @@ impl Ledger {
     }
 
     /// The effect: appends the message and returns its id.
-    fn deliver(&mut self, key: &str, params: &Value) -> String {
+    fn deliver(&mut self, key: &str, params: &Value, traceparent: Option<&str>) -> String {
         let id = format!("msg_{}", self.messages.len() + 1);
         self.messages.push(Message {
             id: id.clone(),
             idempotency_key: key.to_owned(),
             body: params.clone(),
             created_at: Utc::now(),
+            traceparent: traceparent.map(str::to_owned),
         });
         id
     }
@@ -512,6 +516,9 @@ async fn send(
 ) -> Result<Response, ApiError> {
     ledger.lock().stats.requests += 1;
     let key = idempotency_key(&headers)?;
+    let traceparent = (headers.get("traceparent"))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let params = parse::<Value>(&body)?;
     if !params.is_object() {
         return Err(ApiError::invalid_request("The body must be a JSON object."));
@@ -549,7 +556,12 @@ async fn send(
         }
     };
     // Spawned, so that a client hanging up does not cancel the delivery (see the module docs).
-    let run = tokio::spawn(run(ledger.clone(), key.clone(), params, fault, latency));
+    let call = Call {
+        key: key.clone(),
+        params,
+        traceparent,
+    };
+    let run = tokio::spawn(run(ledger.clone(), call, fault, latency));
     run.await.map_err(|_| {
         // `run` cannot panic while it holds the key; should it anyway, free the key.
         ledger.lock().keys.remove(&key);
@@ -558,13 +570,19 @@ async fn send(
 }
 
 /// Runs a new key's request and saves its answer.
-async fn run(
-    ledger: Shared,
+/// A new key's request, as [`run`] delivers it.
+struct Call {
     key: String,
     params: Value,
-    fault: Option<Fault>,
-    latency: Duration,
-) -> Response {
+    traceparent: Option<String>,
+}
+
+async fn run(ledger: Shared, call: Call, fault: Option<Fault>, latency: Duration) -> Response {
+    let Call {
+        key,
+        params,
+        traceparent,
+    } = call;
     let delay = match fault {
         Some(Fault::Delay(delay)) => latency + delay,
         _ => latency,
@@ -576,11 +594,11 @@ async fn run(
     let (status, body) = match fault {
         Some(Fault::FailBefore) => (StatusCode::INTERNAL_SERVER_ERROR, ApiError::failed().body()),
         Some(Fault::FailAfter) => {
-            ledger.deliver(&key, &params);
+            ledger.deliver(&key, &params, traceparent.as_deref());
             (StatusCode::INTERNAL_SERVER_ERROR, ApiError::failed().body())
         }
         Some(Fault::Delay(_)) | None => {
-            let id = ledger.deliver(&key, &params);
+            let id = ledger.deliver(&key, &params, traceparent.as_deref());
             (StatusCode::OK, json!({ "id": id, "status": "sent" }))
         }
     };
