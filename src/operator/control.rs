@@ -445,26 +445,20 @@ pub async fn pause(
     actor: &Actor,
     note: Option<&str>,
 ) -> Result<Done, OperatorError> {
-    let action = Uuid::new_v4();
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    let n = control::pause(&*tx, scope, &actor.0, action, note).await? as i64;
-    record(
-        &tx,
-        action,
+    let what = Audited::new(
         actor,
         "pause",
         "consumer_pauses",
-        scope,
-        n,
+        super::describe(scope),
         note,
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(Done {
-        action,
-        count: n as u64,
-    })
+    );
+    let (done, ()) = what
+        .run(pool, async |tx, action| {
+            let n = control::pause(&**tx, scope, &actor.0, action, note).await?;
+            Ok((u64::from(n), ()))
+        })
+        .await?;
+    Ok(done)
 }
 
 /// Resumes `scope` and every narrower pause inside it, audited.
@@ -474,28 +468,21 @@ pub async fn resume(
     actor: &Actor,
     note: Option<&str>,
 ) -> Result<Resumed, OperatorError> {
-    let action = Uuid::new_v4();
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    let n = control::resume(&*tx, scope).await? as i64;
-    record(
-        &tx,
-        action,
+    let what = Audited::new(
         actor,
         "resume",
         "consumer_pauses",
-        scope,
-        n,
+        super::describe(scope),
         note,
-    )
-    .await?;
-    let left = control::pauses(&*tx, &scope.consumer).await?;
-    tx.commit().await?;
+    );
+    let (done, left) = what
+        .run(pool, async |tx, _| {
+            let n = control::resume(&**tx, scope).await?;
+            Ok((n, control::pauses(&**tx, &scope.consumer).await?))
+        })
+        .await?;
     Ok(Resumed {
-        done: Done {
-            action,
-            count: n as u64,
-        },
+        done,
         still_paused_by: control::covering(&left, scope)
             .into_iter()
             .map(|p| p.scope.clone())
@@ -511,63 +498,79 @@ pub async fn throttle(
     actor: &Actor,
     note: Option<&str>,
 ) -> Result<Done, OperatorError> {
-    let action = Uuid::new_v4();
-    let mut client = pool.get().await?;
-    let tx = client.transaction().await?;
-    let n = match rate {
-        Some(t) => {
-            control::set_throttle(&*tx, consumer, t, &actor.0, action, note).await?;
-            1
-        }
-        None => control::clear_throttle(&*tx, consumer).await? as i64,
-    };
     let filter = serde_json::json!({ "consumer": consumer, "rate": rate });
-    audit::record(
-        &*tx,
-        &audit::Entry {
-            action,
-            actor: &actor.0,
-            verb: "throttle",
-            target: "consumer_throttles",
-            filter: &filter,
-            count: n,
-            note,
-        },
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(Done {
-        action,
-        count: n as u64,
-    })
+    let what = Audited::new(actor, "throttle", "consumer_throttles", filter, note);
+    let (done, ()) = what
+        .run(pool, async |tx, action| {
+            let n = match rate {
+                Some(t) => {
+                    control::set_throttle(&**tx, consumer, t, &actor.0, action, note).await?;
+                    1
+                }
+                None => u64::from(control::clear_throttle(&**tx, consumer).await?),
+            };
+            Ok((n, ()))
+        })
+        .await?;
+    Ok(done)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn record(
-    tx: &deadpool_postgres::Transaction<'_>,
-    action: Uuid,
-    actor: &Actor,
-    verb: &str,
-    target: &str,
-    scope: &Scope,
-    count: i64,
-    note: Option<&str>,
-) -> Result<(), OperatorError> {
-    let filter = super::describe(scope);
-    audit::record(
-        &**tx,
-        &audit::Entry {
-            action,
-            actor: &actor.0,
+/// One control change and its audit row, committed together.
+struct Audited<'a> {
+    actor: &'a Actor,
+    verb: &'a str,
+    target: &'a str,
+    filter: serde_json::Value,
+    note: Option<&'a str>,
+}
+
+impl<'a> Audited<'a> {
+    fn new(
+        actor: &'a Actor,
+        verb: &'a str,
+        target: &'a str,
+        filter: serde_json::Value,
+        note: Option<&'a str>,
+    ) -> Audited<'a> {
+        Audited {
+            actor,
             verb,
             target,
-            filter: &filter,
-            count,
+            filter,
             note,
-        },
-    )
-    .await?;
-    Ok(())
+        }
+    }
+
+    /// Runs `change` in a transaction under a new action id, records the rows it changed (its
+    /// count) in the audit, and commits.
+    async fn run<T>(
+        self,
+        pool: &deadpool_postgres::Pool,
+        change: impl AsyncFnOnce(
+            &deadpool_postgres::Transaction<'_>,
+            Uuid,
+        ) -> Result<(u64, T), OperatorError>,
+    ) -> Result<(Done, T), OperatorError> {
+        let action = Uuid::new_v4();
+        let mut client = pool.get().await?;
+        let tx = client.transaction().await?;
+        let (count, out) = change(&tx, action).await?;
+        audit::record(
+            &*tx,
+            &audit::Entry {
+                action,
+                actor: &self.actor.0,
+                verb: self.verb,
+                target: self.target,
+                filter: &self.filter,
+                count: count as i64,
+                note: self.note,
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((Done { action, count }, out))
+    }
 }
 
 #[cfg(test)]

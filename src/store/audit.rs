@@ -82,6 +82,24 @@ pub async fn recent<C: GenericClient + Sync>(
     Ok(rows.iter().map(row).collect())
 }
 
+/// The newest `limit` audit rows whose selection names `consumer` (pauses, resumes, resets,
+/// throttles, and parked-row actions filtered by it), among the newest 10,000 actions: `filter`
+/// has no index, and no page reads the table whole.
+pub async fn of_consumer<C: GenericClient + Sync>(
+    client: &C,
+    consumer: &str,
+    limit: i64,
+) -> Result<Vec<AuditRow>, StoreError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM operator_actions
+         WHERE id > coalesce((SELECT max(id) FROM operator_actions), 0) - 10000
+           AND filter->>'consumer' = $1
+         ORDER BY id DESC LIMIT $2"
+    );
+    let rows = client.query(&sql, &[&consumer, &limit]).await?;
+    Ok(rows.iter().map(row).collect())
+}
+
 /// Every chunk of one action, oldest first.
 pub async fn of_action<C: GenericClient + Sync>(
     client: &C,

@@ -22,7 +22,6 @@ use tokio_postgres::GenericClient;
 use crate::console::render::{ago, thousands};
 use crate::console::{html, Chrome, ConsoleError, ConsumerInfo, Shared};
 use crate::operator::control::{self as op, ConsumerView, PartitionView};
-use crate::store::audit::AuditRow;
 use crate::store::control::{self, Pause, Scope};
 use crate::store::{browse, offsets};
 
@@ -33,15 +32,6 @@ pub const SHOW_WITHIN: Duration = Duration::from_secs(5);
 
 /// How many of the consumer's audit rows the page lists.
 const AUDIT_ROWS: i64 = 20;
-
-/// The newest audit rows whose selection names the consumer (pauses, resumes, resets,
-/// throttles, and parked-row actions filtered by it), among the newest 10,000 actions: no page
-/// reads a big table whole, and `filter` has no index.
-const AUDIT_OF_CONSUMER: &str = "\
-SELECT id, action, at, actor, verb, target, filter, count, note FROM operator_actions
-WHERE id > coalesce((SELECT max(id) FROM operator_actions), 0) - 10000
-  AND filter->>'consumer' = $1
-ORDER BY id DESC LIMIT $2";
 
 #[derive(Debug, Deserialize, Default)]
 pub struct Params {
@@ -220,20 +210,6 @@ async fn done<C: GenericClient + Sync>(
     })
 }
 
-fn audit_row(r: &tokio_postgres::Row) -> AuditRow {
-    AuditRow {
-        id: r.get(0),
-        action: r.get(1),
-        at: r.get(2),
-        actor: r.get(3),
-        verb: r.get(4),
-        target: r.get(5),
-        filter: r.get(6),
-        count: r.get(7),
-        note: r.get(8),
-    }
-}
-
 /// The Chrome of a consumer page. With writes on its forms hold what the operator types, which
 /// a reload would wipe: it reloads itself only after "Resume" in the header (`refresh=on`).
 fn chrome(s: &Shared, title: String, uri: &Uri) -> Chrome {
@@ -347,12 +323,10 @@ pub async fn page(
         }
         None => (None, Vec::new()),
     };
-    let rows = db
-        .query(AUDIT_OF_CONSUMER, &[&consumer.name, &(AUDIT_ROWS + 1)])
-        .await?;
+    let rows = crate::store::audit::of_consumer(&**db, &consumer.name, AUDIT_ROWS + 1).await?;
     let audit_more = rows.len() as i64 > AUDIT_ROWS;
-    let audit = (rows.iter().take(AUDIT_ROWS as usize))
-        .map(|r| super::audit::cells(audit_row(r)))
+    let audit = (rows.into_iter().take(AUDIT_ROWS as usize))
+        .map(super::audit::cells)
         .collect();
     html(Page {
         c: chrome(&s, format!("Consumer {}", consumer.name), &uri),
