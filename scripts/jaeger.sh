@@ -149,19 +149,7 @@ jaeger_up() {
 
 # jaeger_wait: until the query API and the OTLP port answer (60 s at most); fails at once, with the
 # log's tail, if the process exits meanwhile.
-jaeger_wait() {
-  local i
-  for i in $(seq 1 120); do
-    jaeger_ready && return 0
-    if ! pid_alive "$JAEGER_HOME/pid"; then
-      tail -30 "$JAEGER_HOME/jaeger.log" >&2 || true
-      rm -f "$JAEGER_HOME/pid"
-      die "jaeger exited during start-up"
-    fi
-    sleep 0.5
-  done
-  die "jaeger was not ready within 60 s (see $JAEGER_HOME/jaeger.log)"
-}
+jaeger_wait() { wait_started jaeger "$JAEGER_HOME/pid" "$JAEGER_HOME/jaeger.log" 60 jaeger_ready; }
 
 jaeger_down() {
   stop_pidfile "$JAEGER_HOME/pid" jaeger

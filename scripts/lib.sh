@@ -20,6 +20,22 @@ free_port_from() {
 }
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# wait_started NAME PIDFILE LOG SECONDS READY_FN: until READY_FN succeeds (every 0.5 s, SECONDS at
+# most); fails at once, with the log's tail, if the process behind PIDFILE exits meanwhile.
+wait_started() {
+  local name=$1 pidfile=$2 logfile=$3 seconds=$4 ready=$5 i
+  for i in $(seq 1 $((seconds * 2))); do
+    "$ready" && return 0
+    if ! pid_alive "$pidfile"; then
+      tail -30 "$logfile" >&2 || true
+      rm -f "$pidfile"
+      die "$name exited during start-up"
+    fi
+    sleep 0.5
+  done
+  die "$name was not ready within $seconds s (see $logfile)"
+}
+
 # stop_pidfile PIDFILE NAME: SIGTERM, up to 30 s to exit, then SIGKILL.
 stop_pidfile() {
   local pidfile=$1 name=$2 pid i

@@ -161,17 +161,7 @@ registry_up() {
 # registry_wait: until /health/ready answers (120 s at most: two shared cores start Quarkus slowly);
 # fails at once, with the log's tail, if the process exits meanwhile.
 registry_wait() {
-  local i
-  for i in $(seq 1 240); do
-    registry_ready && return 0
-    if ! pid_alive "$REGISTRY_HOME/pid"; then
-      tail -30 "$REGISTRY_HOME/registry.log" >&2 || true
-      rm -f "$REGISTRY_HOME/pid"
-      die "the registry exited during start-up"
-    fi
-    sleep 0.5
-  done
-  die "the registry was not ready within 120 s (see $REGISTRY_HOME/registry.log)"
+  wait_started "the registry" "$REGISTRY_HOME/pid" "$REGISTRY_HOME/registry.log" 120 registry_ready
 }
 
 registry_down() { stop_pidfile "$REGISTRY_HOME/pid" registry; }
