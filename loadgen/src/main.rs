@@ -15,6 +15,7 @@ mod chaos;
 mod cluster;
 mod demo;
 mod gaps;
+mod harness;
 mod measure;
 mod orders;
 mod outbox;

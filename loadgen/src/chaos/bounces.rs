@@ -3,9 +3,9 @@
 //! `zombie` (a worker paused past its session timeout, then resumed).
 
 use super::checks::{offsets_equal, Db};
-use super::scenario::pause;
 use super::workers::{Env, Proc};
 use super::ChaosArgs;
+use crate::harness::pause;
 
 /// `hard-bounce`: a worker per failpoint (before the commit, after it, mid-COPY) that dies there
 /// after a few hits; under the inbox with its processors blocked, then a worker SIGKILLed while

@@ -26,9 +26,10 @@ mod outages;
 mod scenario;
 mod workers;
 
-use std::path::PathBuf;
-
 use serde::Serialize;
+
+use crate::harness::HarnessArgs;
+pub(crate) use crate::harness::StrategyArg;
 
 pub(crate) use checks::{partitions_ahead, Db};
 use scenario::scenario;
@@ -37,22 +38,7 @@ pub(crate) use workers::{consumer_config, worker_settings, Proc, Worker};
 #[derive(Debug, clap::Args)]
 pub struct ChaosArgs {
     #[command(flatten)]
-    services: crate::Services,
-    /// The engine's binary, built with `--features failpoints` (default: next to this one).
-    #[arg(long)]
-    effectively: Option<PathBuf>,
-    /// Run only these scenarios (repeatable); default all.
-    #[arg(long = "scenario")]
-    scenarios: Vec<String>,
-    /// The short subset `make test` runs.
-    #[arg(long)]
-    quick: bool,
-    /// Replay with this seed (default: random, printed).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// The workers' strategy: `batch`, or `inbox` (store first, process later).
-    #[arg(long, value_enum, default_value_t = StrategyArg::Batch)]
-    strategy: StrategyArg,
+    harness: HarnessArgs,
     /// With `--strategy inbox`: how processors claim rows (`lease`: a 10 s lease).
     #[arg(long, value_enum, default_value_t = ClaimArg::Lock)]
     inbox_claim: ClaimArg,
@@ -64,14 +50,13 @@ pub struct ChaosArgs {
     /// default 200, and 10,000 for inbox-burst (10 payments each).
     #[arg(long)]
     users: Option<u64>,
-    #[arg(long, default_value = "target/chaos")]
-    out: PathBuf,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum StrategyArg {
-    Batch,
-    Inbox,
+impl std::ops::Deref for ChaosArgs {
+    type Target = HarnessArgs;
+    fn deref(&self) -> &HarnessArgs {
+        &self.harness
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -81,10 +66,6 @@ pub enum ClaimArg {
 }
 
 impl ChaosArgs {
-    fn inbox(&self) -> bool {
-        self.strategy == StrategyArg::Inbox
-    }
-
     /// `batch`, `inbox` or `inbox-lease`: in the report, its file name and the topics' names.
     fn label(&self) -> &'static str {
         match (self.strategy, self.inbox_claim) {
@@ -147,19 +128,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
     let bin = Worker::binary(args.effectively.as_deref())?;
     std::fs::create_dir_all(&args.out)?;
     let explicit = !args.scenarios.is_empty();
-    let names: Vec<&str> = if explicit {
-        args.scenarios.iter().map(String::as_str).collect()
-    } else if args.quick {
-        QUICK.to_vec()
-    } else {
-        ALL.to_vec()
-    };
-    for name in &names {
-        anyhow::ensure!(
-            ALL.contains(name),
-            "unknown scenario {name:?}; known: {ALL:?}"
-        );
-    }
+    let names = args.names(ALL, QUICK)?;
     let mut results = Vec::new();
     let mut skipped = Vec::new();
     for name in names {
@@ -174,7 +143,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
             skipped.push(name);
             continue;
         }
-        let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+        let seed = args.seed();
         eprintln!("== {name} [{}] (seed {seed})", args.label());
         let r = match scenario(&bin, &args, name, seed).await {
             Ok(r) => r,

@@ -5,9 +5,9 @@
 use std::process::Stdio;
 use std::sync::Arc;
 
-use super::scenario::pause;
 use super::workers::{Env, Proc};
 use super::ChaosArgs;
+use crate::harness::pause;
 
 /// `postgres-crash`: PostgreSQL crashed and restarted twice.
 pub(super) async fn postgres_crash(

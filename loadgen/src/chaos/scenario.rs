@@ -234,8 +234,3 @@ pub(super) async fn scenario(
         note,
     })
 }
-
-/// Sleeps `s` milliseconds: a scenario's pause between its faults.
-pub(super) fn pause(s: u64) -> tokio::time::Sleep {
-    tokio::time::sleep(Duration::from_millis(s))
-}

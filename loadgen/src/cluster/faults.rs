@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use super::stack::Cluster;
-use super::watch::{self, now_s, AheadSampler, CommitWatch};
 use super::PartitionRollback;
+use crate::harness::watch::{self, now_s, AheadSampler, CommitWatch};
 use crate::Session;
 
 /// What the faults act on.

@@ -16,10 +16,9 @@
 
 mod faults;
 mod stack;
-mod watch;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +26,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::chaos::{consumer_config, ClaimArg, Db, Proc, StrategyArg, Worker};
+use crate::harness::{watch, HarnessArgs};
 use crate::produce::{Mix, Progress, Step};
 use crate::{finish_stage, produce_stage_with, Session, Spec};
 use stack::Cluster;
@@ -34,30 +34,20 @@ use stack::Cluster;
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
     #[command(flatten)]
-    services: crate::Services,
-    /// The engine's binary, built with `--features failpoints` (default: next to this one).
-    #[arg(long)]
-    effectively: Option<PathBuf>,
-    /// Run only these scenarios (repeatable); default all.
-    #[arg(long = "scenario")]
-    scenarios: Vec<String>,
-    /// The short subset `make test` runs: pg-async-loss with little traffic.
-    #[arg(long)]
-    quick: bool,
-    /// Replay with this seed (default: random, printed).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// The workers' strategy: `batch`, or `inbox` (store first, process later).
-    #[arg(long, value_enum, default_value_t = StrategyArg::Batch)]
-    strategy: StrategyArg,
+    harness: HarnessArgs,
     /// Payments per second while the faults happen (default 300; 200 with --quick).
     #[arg(long)]
     rate: Option<f64>,
     /// Distinct users (the records' keys).
     #[arg(long, default_value_t = 200)]
     users: u64,
-    #[arg(long, default_value = "target/chaos")]
-    out: PathBuf,
+}
+
+impl std::ops::Deref for ClusterArgs {
+    type Target = HarnessArgs;
+    fn deref(&self) -> &HarnessArgs {
+        &self.harness
+    }
 }
 
 impl ClusterArgs {
@@ -166,19 +156,12 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<bool> {
     let cluster = Cluster::check(&args.services.brokers, &args.services.database_url).await?;
     let bin = Worker::binary(args.effectively.as_deref())?;
     std::fs::create_dir_all(&args.out)?;
-    let names: Vec<&str> = match (args.scenarios.is_empty(), args.quick) {
-        (false, _) => args.scenarios.iter().map(String::as_str).collect(),
-        (true, true) => QUICK.to_vec(),
-        (true, false) => ALL.to_vec(),
-    };
-    if let Some(bad) = names.iter().find(|n| !ALL.contains(n)) {
-        anyhow::bail!("unknown scenario {bad:?}; known: {ALL:?}");
-    }
+    let names = args.names(ALL, QUICK)?;
     // kafka-wait-isr of every topic needs one topic at least: on a fresh cluster, this one.
     crate::create_topic(&args.services.brokers, crate::WARM_UP_TOPIC, 1, 3).await?;
     let mut results: Vec<ClusterResult> = Vec::new();
     for name in names {
-        let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
+        let seed = args.seed();
         eprintln!("== {name} [{}] (seed {seed})", args.label());
         let prepared = prepare(&cluster, name).await;
         let outcome = match prepared {
