@@ -17,7 +17,6 @@
 mod faults;
 mod stack;
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -26,6 +25,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::chaos::{consumer_config, ClaimArg, Db, Proc, StrategyArg, Worker};
+use crate::harness::marks::{self, ack_gap, round2};
 use crate::harness::{watch, HarnessArgs};
 use crate::produce::{Mix, Progress, Step};
 use crate::{finish_stage, produce_stage_with, Session, Spec};
@@ -262,11 +262,6 @@ async fn restore(cluster: &Cluster, name: &str, errored: bool) -> anyhow::Result
     cluster.kafka_wait_isr(None).await
 }
 
-/// Seconds to two decimals, for the report.
-fn round2(s: f64) -> f64 {
-    (s * 100.0).round() / 100.0
-}
-
 async fn scenario(
     cluster: &Cluster,
     bin: &Path,
@@ -373,44 +368,10 @@ async fn scenario(
 
     // Recovery from each fault, over the partitions that had traffic after it.
     let started = produced.started_at.timestamp_micros() as f64 / 1e6;
-    let mut recover: Option<f64> = Some(0.0);
-    let mut each = Vec::new();
-    for m in &f.marks {
-        let busy: BTreeSet<i32> = produced
-            .log
-            .iter()
-            .filter(|s| s.acked && started + s.acked_at_s >= m.from)
-            .filter_map(|s| s.partition)
-            .collect();
-        let since = watch::Since {
-            from: m.from,
-            valid_after: m.valid_after,
-            past: m.hw.as_deref(),
-            server: m.server,
-        };
-        match watch::recovery(&commits, &busy, since) {
-            Ok(s) => {
-                each.push(format!("{} {:.2} s", m.label, s));
-                if m.counted {
-                    recover = recover.map(|r| r.max(s));
-                }
-            }
-            Err(never) => {
-                each.push(format!("{} never", m.label));
-                if m.counted {
-                    recover = None;
-                    failed.push(format!(
-                        "partitions {never:?} never committed past their end at \"{}\"",
-                        m.label
-                    ));
-                }
-            }
-        }
-    }
-    if !f.marks.iter().any(|m| m.counted) {
-        recover = None;
-        failed.push("no fault to measure a recovery from".into());
-    }
+    let rec = marks::recoveries(&f.marks, &commits, &produced.log, started);
+    let recover = rec.slowest;
+    failed.extend(rec.failed);
+    let each = rec.each;
     notes.push(format!("recovery: {}", each.join("; ")));
     let target = target_s(name);
     if let (Some(r), Some(t)) = (recover, target) {
@@ -485,22 +446,6 @@ async fn scenario(
         passed: failed.is_empty(),
         note,
     })
-}
-
-/// The longest time between two acknowledgements of one partition.
-fn ack_gap(log: &[crate::produce::Sent]) -> f64 {
-    let mut acks: std::collections::HashMap<i32, Vec<f64>> = Default::default();
-    for s in log.iter().filter(|s| s.acked) {
-        if let Some(p) = s.partition {
-            acks.entry(p).or_default().push(s.acked_at_s);
-        }
-    }
-    acks.values_mut()
-        .flat_map(|t| {
-            t.sort_by(f64::total_cmp);
-            t.windows(2).map(|w| w[1] - w[0]).collect::<Vec<_>>()
-        })
-        .fold(0.0, f64::max)
 }
 
 /// How many of the inbox rows `ids` the current primary holds again.

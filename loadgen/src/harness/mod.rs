@@ -2,6 +2,7 @@
 //! flags block ([`HarnessArgs`]), the choice of scenarios from it, and the watchers
 //! ([`watch`]) that measure recovery and stalls from PostgreSQL's stored offsets.
 
+pub(crate) mod marks;
 pub(crate) mod watch;
 
 use std::path::PathBuf;
