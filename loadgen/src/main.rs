@@ -17,6 +17,7 @@ mod demo;
 mod gaps;
 mod harness;
 mod measure;
+mod net;
 mod orders;
 mod outbox;
 mod produce;
@@ -161,6 +162,9 @@ enum Command {
     /// Failover scenarios against the three-broker Kafka and the PostgreSQL primary with a
     /// standby of `scripts/cluster.sh`, each verified exactly-once, with recovery times.
     ChaosCluster(cluster::ClusterArgs),
+    /// Network faults (latency, loss, cuts, a stalled COMMIT, flapping) between workers in
+    /// network namespaces of their own and the stack, each verified exactly-once (as root).
+    ChaosNet(net::NetArgs),
     /// An order-status stream with out-of-order versions, stale copies and duplicates into
     /// an `order-status` consumer: every order must end at its newest version, never going back.
     Orders(orders::OrdersArgs),
@@ -177,6 +181,7 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Bench(b)) => bench::run(b).await,
         Some(Command::Chaos(c)) => chaos::run(c).await,
         Some(Command::ChaosCluster(c)) => cluster::run(c).await,
+        Some(Command::ChaosNet(n)) => net::run(n).await,
         Some(Command::Orders(o)) => orders::run(o).await,
         Some(Command::Replay(r)) => bench::replay::run(r).await,
         None => demo::run(cli.run).await,

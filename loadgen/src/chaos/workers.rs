@@ -119,8 +119,26 @@ impl Worker<'_> {
         log: &Path,
         failpoints: Option<&str>,
     ) -> anyhow::Result<Proc> {
+        self.spawn(
+            tokio::process::Command::new(self.bin),
+            config,
+            id,
+            log,
+            failpoints,
+        )
+    }
+
+    /// [`Worker::start`] through `cmd`: the binary itself, or a wrapper that ends with it
+    /// (`ip netns exec <ns> <bin>`, which execs it: the child's pid is the worker's).
+    pub(crate) fn spawn(
+        &self,
+        mut cmd: tokio::process::Command,
+        config: &Path,
+        id: &str,
+        log: &Path,
+        failpoints: Option<&str>,
+    ) -> anyhow::Result<Proc> {
         let log = std::fs::File::create(log)?;
-        let mut cmd = tokio::process::Command::new(self.bin);
         cmd.args(["run", "--metrics-addr", "off", "--config"])
             .arg(config)
             .env("KAFKA_BROKERS", self.brokers)
