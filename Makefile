@@ -9,7 +9,8 @@ export STACK_DIR ?= $(CURDIR)/.stack
 # Every command that talks to the stack reads its addresses from $(STACK_DIR)/env.
 WITH_ENV := source $(STACK_DIR)/env &&
 
-.PHONY: up down status build migrate lint test demo bench microbench chaos chaos-cluster cluster-up cluster-down \
+.PHONY: up down status build migrate lint test demo bench microbench chaos chaos-cluster chaos-net net-deps \
+	cluster-up cluster-down \
 	registry-up registry-down jaeger-up jaeger-down
 
 up:
@@ -73,6 +74,8 @@ test:
 	$(WITH_ENV) target/debug/loadgen chaos --quick
 	$(WITH_ENV) target/debug/loadgen chaos --quick --strategy inbox --scenario hard-bounce
 	$(WITH_ENV) target/debug/loadgen chaos --quick --group-partitions --scenario hard-bounce
+	$(MAKE) --no-print-directory net-deps
+	$(WITH_ENV) target/debug/loadgen chaos-net --quick
 	$(WITH_ENV) target/debug/loadgen orders --quick
 	$(WITH_ENV) target/debug/loadgen orders --quick --mode delta
 	DEMO_SECONDS=10 DEMO_RATE=500 DEMO_PROFILE=debug scripts/demo.sh
@@ -127,6 +130,24 @@ chaos: up migrate
 	$(WITH_ENV) target/debug/loadgen orders --mode delta || status=1; \
 	$(WITH_ENV) target/debug/loadgen orders --mode delta --strategy inbox --bounce || status=1; \
 	exit $$status
+
+# Network faults (loadgen/src/net/, docs/RELIABILITY.md "Network faults"): each of two workers in
+# a network namespace of its own, joined to the host by a veth pair; latency, loss, a link cut to
+# PostgreSQL or to Kafka only, a COMMIT stalled mid-flight and a flapping link (tc netem,
+# nftables), each verified exactly-once with its recovery measured, with the batch strategy, then
+# the inbox strategy. Root only; nothing leaves the machine. Writes target/chaos/net-report.json
+# and net-report-inbox.json. About 25 minutes. `make test` runs `--quick` (pg-cut, batch).
+chaos-net: up migrate net-deps
+	cargo build -q --workspace --bins $(DEBUG_FEATURES)
+	status=0; \
+	$(WITH_ENV) target/debug/loadgen chaos-net || status=1; \
+	$(WITH_ENV) target/debug/loadgen chaos-net --strategy inbox || status=1; \
+	exit $$status
+
+# chaos-net's tools, from Debian: iproute2 (ip, tc) and nftables, installed if missing.
+net-deps:
+	@command -v nft >/dev/null && command -v tc >/dev/null || \
+	  { apt-get update -qq && apt-get install -y -qq iproute2 nftables >/dev/null; }
 
 # The cluster stack (scripts/cluster.sh): three KRaft brokers (replication factor 3, min ISR 2)
 # and a PostgreSQL primary with a hot standby, under .stack-cluster/, apart from the default stack.

@@ -1,8 +1,8 @@
 //! `loadgen chaos-net` (`make chaos-net`): network faults between a worker and the stack.
 //!
 //! Each of two worker processes of the engine runs in a network namespace of its own, joined to
-//! the host by a veth pair ([`netns`]); the scenarios ([`scenarios`]) put latency, loss and
-//! silent drops on those links with `tc netem` and nftables while loadgen produces `make
+//! the host by a veth pair ([`netns`]); the scenarios ([`scenarios`]) put latency ([`delay`]),
+//! loss and silent drops (nftables) on those links while loadgen produces `make
 //! chaos`'s traffic (resends, redrives, double taps, poison) to a topic of 6 partitions. Then,
 //! as every harness does: the engine drains, loadgen's checker verifies the ledger (lost,
 //! duplicated, unexpected, parked = poison only), "Kafka's committed offset is never ahead of
@@ -13,6 +13,7 @@
 //! Results go to `target/chaos/net-report.json` (`net-report-inbox.json` under
 //! `--strategy inbox`).
 
+mod delay;
 mod netns;
 mod scenarios;
 

@@ -1,7 +1,7 @@
 //! A worker's own network: a namespace joined to the host by a veth pair, and the faults the
-//! scenarios put on that link (iproute2's `tc netem` for latency and loss, nftables for silent
-//! drops). Nothing leaves the machine: the addresses are the test's own, and the services stay
-//! on the host's loopback.
+//! scenarios put on that link (nftables for loss and silent drops, a relay for latency). Nothing
+//! leaves the machine: the addresses are the test's own, and the services stay on the host's
+//! loopback.
 //!
 //! The workers are told the stack's loopback addresses (127.0.0.1), as every other test does,
 //! and Kafka advertises its listener there. Inside a namespace 127.0.0.1 is the namespace's
@@ -11,16 +11,19 @@
 //! lets loopback addresses cross the veth; it is set on the namespace and on the host's end of
 //! the veth only.
 //!
-//! A fault names what it acts on ([`To`]: the ports of PostgreSQL, of Kafka, or both). Requests
-//! leave the namespace through its end of the veth, answers enter it through the host's end:
-//! latency is added on the way there, loss on both ways (each end gets the same `tc` rule,
-//! matched on the destination port going out, on the source port coming back), drops inside
-//! the namespace. Only the fault's ports are touched: the other service's traffic crosses the
-//! same link undisturbed.
+//! A fault names what it acts on ([`To`]: the ports of PostgreSQL, of Kafka, or both); only
+//! those ports are touched, the other service's traffic crosses the same link undisturbed.
+//! Drops and loss are nftables rules inside the namespace, on the packets themselves: what the
+//! namespace sends to a port (output) and what it receives from it (input); loss draws each
+//! packet with `numgen random`. Latency is added by the link's [`Relay`]s (one per service
+//! port, which the host's end sends the namespace's connections through): this kernel has no
+//! `sch_netem` ([`super::delay`] says why).
 
 use std::process::Stdio;
 
 use anyhow::Context;
+
+use super::delay::{Delay, Relay};
 
 /// The services' ports a fault acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,10 +36,11 @@ pub(crate) enum To {
 /// A fault on a link, until [`Link::heal`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Fault {
-    /// Each packet to `to` delayed `ms` ± `jitter_ms` (netem, normal distribution), on the
-    /// way there only: every round trip to it grows by about `ms`.
+    /// What is sent to `to` delayed `ms` ± `jitter_ms` (uniform), on the way there only:
+    /// every round trip to it grows by about `ms`.
     Latency { to: To, ms: u32, jitter_ms: u32 },
-    /// This percentage of the packets to and from `to` lost, each way.
+    /// This percentage of the packets to and from `to` lost, each way (so a round trip is
+    /// lost about twice as often).
     Loss { to: To, percent: f64 },
     /// Every packet to and from `to` dropped silently (nothing refused, no reset): established
     /// connections hang, new ones time out.
@@ -104,6 +108,8 @@ pub(crate) struct Link {
     host_ip: String,
     ns_ip: String,
     ports: Ports,
+    /// The relay of each service port: (the port, its relay).
+    relays: Vec<(u16, Relay)>,
 }
 
 impl Link {
@@ -113,6 +119,10 @@ impl Link {
             (1..=250).contains(&n),
             "namespace number {n} out of 1..=250"
         );
+        let mut relays = Vec::new();
+        for p in ports.all() {
+            relays.push((p, Relay::start(p).await?));
+        }
         let link = Link {
             ns: format!("effnet{n}"),
             host_if: format!("effnet{n}h"),
@@ -120,6 +130,7 @@ impl Link {
             host_ip: format!("10.213.{n}.1"),
             ns_ip: format!("10.213.{n}.2"),
             ports: ports.clone(),
+            relays,
         };
         link.remove().await;
         link.build().await.with_context(|| {
@@ -167,14 +178,20 @@ impl Link {
             host = self.host_ip
         );
         self.nft_in_ns(&inside).await?;
+        // Each service port to its relay on the host's loopback.
+        let map: Vec<String> = (self.relays.iter())
+            .map(|(p, r)| format!("{p} : {}", r.port))
+            .collect();
         let outside = format!(
             "table ip {ns} {{\n\
              chain pre {{\n type nat hook prerouting priority -100\n \
-             iifname \"{h}\" ip daddr {host} tcp dport {ports} dnat to 127.0.0.1\n}}\n\
+             iifname \"{h}\" ip daddr {host} tcp dport {ports} \
+             dnat to 127.0.0.1 : tcp dport map {{ {map} }}\n}}\n\
              chain in {{\n type nat hook input priority 100\n \
              ip saddr {ns_ip} ip daddr 127.0.0.1 snat to 127.0.0.1\n}}\n}}\n",
             host = self.host_ip,
-            ns_ip = self.ns_ip
+            ns_ip = self.ns_ip,
+            map = map.join(", ")
         );
         nft(None, &outside).await
     }
@@ -200,95 +217,46 @@ impl Link {
         self.heal().await?;
         match fault {
             Fault::Latency { to, ms, jitter_ms } => {
-                let netem = [
-                    "delay",
-                    &format!("{ms}ms"),
-                    &format!("{jitter_ms}ms"),
-                    "distribution",
-                    "normal",
-                ];
-                self.netem(to, &netem, false).await
+                let ports = self.ports.of_fault(to);
+                for (_, r) in self.relays.iter().filter(|(p, _)| ports.contains(p)) {
+                    r.set(Delay { ms, jitter_ms });
+                }
+                Ok(())
             }
             Fault::Loss { to, percent } => {
-                self.netem(to, &["loss", &format!("{percent}%")], true)
-                    .await
+                // Per mille, drawn per packet.
+                let drop = format!("numgen random mod 1000 < {} drop", (percent * 10.0).round());
+                self.drop(to, &drop, &drop).await
             }
-            Fault::Cut { to } => self.drop(to, true, true).await,
-            Fault::Deaf { to } => self.drop(to, false, true).await,
+            Fault::Cut { to } => self.drop(to, "drop", "drop").await,
+            Fault::Deaf { to } => self.drop(to, "accept", "drop").await,
         }
     }
 
     /// Lifts every fault: the link as it was made.
     pub(crate) async fn heal(&self) -> anyhow::Result<()> {
+        for (_, r) in &self.relays {
+            r.set(Delay::default());
+        }
         let _ = quiet_in(
             &self.ns,
             "nft",
             &["delete", "table", "inet", "effnet_fault"],
         )
         .await;
-        let _ = quiet_in(
-            &self.ns,
-            "tc",
-            &["qdisc", "del", "dev", &self.ns_if, "root"],
-        )
-        .await;
-        let _ = quiet("tc", &["qdisc", "del", "dev", &self.host_if, "root"]).await;
         Ok(())
     }
 
-    /// Silent drops inside the namespace: of what it sends to `to` (`out`), of what it
-    /// receives from `to` (`back`).
-    async fn drop(&self, to: To, out: bool, back: bool) -> anyhow::Result<()> {
+    /// A rule inside the namespace on what it sends to `to` (`out`: its verdict, such as
+    /// `drop`) and on what it receives from `to` (`back`).
+    async fn drop(&self, to: To, out: &str, back: &str) -> anyhow::Result<()> {
         let ports = set(&self.ports.of_fault(to));
-        let mut rules = String::from("table inet effnet_fault {\n");
-        if out {
-            rules.push_str(&format!(
-                "chain out {{\n type filter hook output priority 0\n tcp dport {ports} drop\n}}\n"
-            ));
-        }
-        if back {
-            rules.push_str(&format!(
-                "chain in {{\n type filter hook input priority 0\n tcp sport {ports} drop\n}}\n"
-            ));
-        }
-        rules.push_str("}\n");
+        let rules = format!(
+            "table inet effnet_fault {{\n\
+             chain out {{\n type filter hook output priority 0\n tcp dport {ports} {out}\n}}\n\
+             chain in {{\n type filter hook input priority 0\n tcp sport {ports} {back}\n}}\n}}\n"
+        );
         self.nft_in_ns(&rules).await
-    }
-
-    /// `netem` with these arguments on the traffic to `to` leaving the namespace and, if
-    /// `both_ways`, on the traffic from `to` entering it: a `prio` qdisc whose fourth band (no
-    /// priority maps there) holds the netem, and u32 filters sending the ports' packets to it.
-    async fn netem(&self, to: To, args: &[&str], both_ways: bool) -> anyhow::Result<()> {
-        let ports = self.ports.of_fault(to);
-        let ends = [
-            (&self.ns_if, true, "dport"),
-            (&self.host_if, false, "sport"),
-        ];
-        for (dev, inside, field) in ends.into_iter().take(if both_ways { 2 } else { 1 }) {
-            let tc = |a: Vec<String>| async move {
-                let a: Vec<&str> = a.iter().map(String::as_str).collect();
-                if inside {
-                    self.in_ns("tc", &a).await
-                } else {
-                    run("tc", &a).await
-                }
-            };
-            let words = |s: &str| s.split(' ').map(str::to_string).collect::<Vec<_>>();
-            tc(words(&format!(
-                "qdisc add dev {dev} root handle 1: prio bands 4 priomap 1 2 2 2 1 2 0 0 1 1 1 1 1 1 1 1"
-            )))
-            .await?;
-            let mut netem = words(&format!("qdisc add dev {dev} parent 1:4 handle 40: netem"));
-            netem.extend(args.iter().map(|a| a.to_string()));
-            tc(netem).await?;
-            for p in &ports {
-                tc(words(&format!(
-                    "filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip {field} {p} 0xffff flowid 1:4"
-                )))
-                .await?;
-            }
-        }
-        Ok(())
     }
 
     async fn in_ns(&self, program: &str, args: &[&str]) -> anyhow::Result<()> {
