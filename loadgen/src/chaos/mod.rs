@@ -84,15 +84,8 @@ pub struct ScenarioResult {
     /// The workers' strategy: `batch`, `inbox`, or `inbox-lease` (`--inbox-claim lease`).
     pub strategy: String,
     pub seed: u64,
-    pub sent: u64,
-    pub acked: u64,
-    pub effects: u64,
-    pub lost: u64,
-    pub duplicated: u64,
-    pub unexpected: u64,
-    pub parked: u64,
-    /// Samples where Kafka's committed offset was ahead of PostgreSQL's.
-    pub kafka_ahead: u64,
+    #[serde(flatten)]
+    pub counts: crate::harness::run::Counts,
     pub passed: bool,
     pub note: String,
 }
@@ -156,9 +149,10 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<bool> {
             },
         };
         eprintln!(
-            "   {}: sent {} acked {} effects {} lost {} duplicated {} unexpected {} parked {} kafka-ahead {} {}",
+            "   {}: {} {}",
             if r.passed { "PASS" } else { "FAIL" },
-            r.sent, r.acked, r.effects, r.lost, r.duplicated, r.unexpected, r.parked, r.kafka_ahead, r.note
+            r.counts,
+            r.note
         );
         results.push(r);
     }

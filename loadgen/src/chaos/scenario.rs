@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::checks::{sample_offsets, verify_effects, Db};
+use super::checks::{sample_offsets, verify_effects};
 use super::inbox::{inbox_burst, BURST};
 use super::outages::{check_stack, Proxy};
 use super::workers::{worker_config, Env, Proc};
 use super::{bounces, outages, ChaosArgs, ScenarioResult};
+use crate::harness::run::{inbox_parked, Counts};
 use crate::produce::{Mix, Step};
 use crate::{finish_stage, produce_stage, Session, Spec};
 
@@ -152,8 +153,6 @@ pub(super) async fn scenario(
         });
         (produced?, faults?)
     };
-    let sent = produced.log.len() as u64;
-    let acked = produced.acked();
     // A fresh session for the verification: a crashed PostgreSQL took the first one's
     // connection with it.
     let session = Session::open(&spec).await?;
@@ -208,28 +207,16 @@ pub(super) async fn scenario(
     let _ = sampler.await;
     let kafka_ahead = ahead.load(Relaxed);
     if inbox {
-        let failed = Db::connect(&args.services.database_url)
-            .await?
-            .failed(&topic)
-            .await?;
+        let url = &args.services.database_url;
+        let parked = inbox_parked(url, &topic, report.parked).await?;
         let sep = if note.is_empty() { "" } else { "; " };
-        note = format!(
-            "{note}{sep}parked = {} dead letters + {failed} FAILED inbox rows",
-            report.parked.saturating_sub(failed)
-        );
+        note = format!("{note}{sep}{parked}");
     }
     Ok(ScenarioResult {
         name: name.into(),
         strategy: args.label().into(),
         seed,
-        sent,
-        acked,
-        effects: report.effects,
-        lost: report.lost,
-        duplicated: report.duplicated,
-        unexpected: report.unexpected,
-        parked: report.parked,
-        kafka_ahead,
+        counts: Counts::of(&produced, &report, kafka_ahead),
         passed: report.verified && kafka_ahead == 0 && extra_ok && clean_ok,
         note,
     })

@@ -18,17 +18,14 @@ mod faults;
 mod stack;
 
 use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::chaos::{consumer_config, ClaimArg, Db, Proc, StrategyArg, Worker};
-use crate::harness::marks::{self, ack_gap, round2};
+use crate::chaos::{consumer_config, ClaimArg, Proc, StrategyArg, Worker};
+use crate::harness::marks::round2;
+use crate::harness::run::{Counts, Run, Targets};
 use crate::harness::{watch, HarnessArgs};
-use crate::produce::{Mix, Progress, Step};
-use crate::{finish_stage, produce_stage_with, Session, Spec};
 use stack::Cluster;
 
 #[derive(Debug, clap::Args)]
@@ -83,9 +80,6 @@ const FAILOVERS: &[&str] = &[
     "both",
 ];
 
-/// A commit stall this long fails any scenario.
-const STALL_LIMIT_S: f64 = 60.0;
-
 /// The recovery a scenario must meet, in seconds.
 fn target_s(name: &str) -> Option<f64> {
     match name {
@@ -101,16 +95,9 @@ pub struct ClusterResult {
     pub name: String,
     pub strategy: String,
     pub seed: u64,
-    pub sent: u64,
-    pub acked: u64,
-    pub effects: u64,
-    pub lost: u64,
-    pub duplicated: u64,
-    pub unexpected: u64,
-    pub parked: u64,
-    /// Samples where Kafka's committed offset was ahead of PostgreSQL's (for pg-async-loss:
-    /// before the crash).
-    pub kafka_ahead: u64,
+    /// `kafka_ahead`: for pg-async-loss, before the crash.
+    #[serde(flatten)]
+    pub counts: Counts,
     /// pg-async-loss: such samples after the promotion, where they are expected (the lost
     /// commits had been acknowledged to Kafka) until the engine has read the records again.
     pub kafka_ahead_after_loss: Option<u64>,
@@ -202,17 +189,9 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<bool> {
 fn print_result(r: &ClusterResult) {
     let secs = |v: Option<f64>| v.map_or("-".into(), |s| format!("{s} s"));
     eprintln!(
-        "   {}: sent {} acked {} effects {} lost {} duplicated {} unexpected {} parked {} \
-         kafka-ahead {} recover {} (target {}) promotion {} stall {} (engine {}) ack gap {}{} {}",
+        "   {}: {} recover {} (target {}) promotion {} stall {} (engine {}) ack gap {}{} {}",
         if r.passed { "PASS" } else { "FAIL" },
-        r.sent,
-        r.acked,
-        r.effects,
-        r.lost,
-        r.duplicated,
-        r.unexpected,
-        r.parked,
-        r.kafka_ahead,
+        r.counts,
         secs(r.recover_s),
         secs(r.target_s),
         secs(r.promotion_s),
@@ -277,41 +256,10 @@ async fn scenario(
         if inbox { "inbox-" } else { "" },
         rng.u32(..0xffffff)
     );
-    let partitions = 6;
-    crate::create_topic(brokers, &topic, partitions, 3).await?;
-    let config = args.out.join(format!("{topic}.toml"));
-    std::fs::write(
-        &config,
-        consumer_config(&topic, 8, 4, args.strategy, ClaimArg::Lock, false),
-    )?;
-    let spec = Spec {
-        brokers: brokers.clone(),
-        database_url: url.clone(),
-        topic: topic.clone(),
-        partitions,
-        consumer: topic.clone(),
-        // Until the faults are done (Progress::stop), at most 15 minutes.
-        plan: vec![Step {
-            rate: Some(args.rate.unwrap_or(if args.quick { 200.0 } else { 300.0 })),
-            duration: Duration::from_secs(900),
-        }],
-        limit: None,
-        mix: Mix {
-            resend: 0.10,
-            redrive: 0.02,
-            redrive_delay: Duration::from_secs(5),
-            double_tap: 0.01,
-            poison: 0.002,
-        },
-        users: args.users,
-        rate_bp: 200,
-        drain_timeout: Duration::from_secs(180),
-        report_dir: args.out.join(&topic),
-        seed: Some(seed),
-        quiet: true,
-        compression: Default::default(),
-    };
-    let session = Session::open(&spec).await?;
+    let config = consumer_config(&topic, 8, 4, args.strategy, ClaimArg::Lock, false);
+    let rate = args.rate.unwrap_or(if args.quick { 200.0 } else { 300.0 });
+    let run = Run::open(args, topic, (6, 3), &config, rate, args.users, seed).await?;
+    let topic = run.topic.clone();
     let worker = Worker {
         bin,
         brokers,
@@ -320,71 +268,36 @@ async fn scenario(
     let mut workers: Vec<Proc> = Vec::new();
     for i in 1..=2 {
         let id = format!("{topic}-w{i}");
-        workers.push(worker.start(&config, &id, &args.out.join(format!("{id}.log")), None)?);
+        workers.push(worker.start(&run.config, &id, &args.out.join(format!("{id}.log")), None)?);
     }
-    let watch = watch::CommitWatch::start(url, &topic);
-    let ahead = watch::AheadSampler::start(brokers, url, &topic, partitions)?;
-    let progress = Arc::new(Progress::default());
     let mut ctx = faults::Ctx {
         cluster,
-        session: &session,
+        session: &run.session,
         topic: &topic,
-        partitions,
-        watch: &watch,
-        ahead: &ahead,
+        partitions: run.partitions,
+        watch: &run.watch,
+        ahead: &run.ahead,
         rng: fastrand::Rng::with_seed(rng.u64(..)),
         quick: args.quick,
         inbox,
     };
-    let (produced, injected) = tokio::join!(
-        produce_stage_with(&session, &spec, Arc::clone(&progress)),
-        async {
-            let injected = faults::inject(&mut ctx, name).await;
-            progress.stop.store(true, Relaxed);
-            injected
+    let (produced, injected) = run.during(faults::inject(&mut ctx, name)).await;
+    let (produced, f) = match produced.and_then(|p| injected.map(|f| (p, f))) {
+        Ok(both) => both,
+        Err(e) => {
+            run.abandon(workers).await;
+            return Err(e);
         }
-    );
-    let (produced, f) = (produced?, injected?);
-    // A fresh session for the verification: a failover took the first one's connection.
-    let session = Session::open(&spec).await?;
-    let report = finish_stage(&session, &spec, &produced).await?;
-    let commits = watch.finish().await;
-    let (kafka_ahead, ahead_after_loss) = ahead.finish().await;
-    let mut failed = f.failed.clone();
-    let mut notes = f.notes.clone();
-    for w in workers {
-        if let Err(e) = w.stop().await {
-            failed.push(format!("a worker did not stop cleanly: {e:#}"));
-        }
-    }
-    if !report.verified {
-        failed.push("the ledger did not verify".into());
-    }
-    if kafka_ahead > 0 {
-        failed.push(format!(
-            "Kafka's committed offset ahead of PostgreSQL's in {kafka_ahead} samples"
-        ));
-    }
-
-    // Recovery from each fault, over the partitions that had traffic after it.
-    let started = produced.started_at.timestamp_micros() as f64 / 1e6;
-    let rec = marks::recoveries(&f.marks, &commits, &produced.log, started);
-    let recover = rec.slowest;
-    failed.extend(rec.failed);
-    let each = rec.each;
-    notes.push(format!("recovery: {}", each.join("; ")));
+    };
     let target = target_s(name);
-    if let (Some(r), Some(t)) = (recover, target) {
-        if r > t {
-            failed.push(format!("recovery {r:.2} s over the target {t} s"));
-        }
-    }
-    let (stall, engine_stall) = watch::longest_stall(&commits, &f.outages);
-    if engine_stall >= STALL_LIMIT_S {
-        failed.push(format!(
-            "a commit stall of {engine_stall:.1} s (outside the outage by design)"
-        ));
-    }
+    let targets = Targets {
+        marks: &f.marks,
+        outages: &f.outages,
+        recover_s: target,
+    };
+    let mut j = run.judge(&produced, workers, inbox, targets).await?;
+    j.failed.splice(0..0, f.failed.clone());
+    j.notes.splice(0..0, f.notes.clone());
 
     let offset_rollback = f.rollback.clone().map(|partitions| Rollback {
         total: partitions.iter().map(|p| p.rollback).sum(),
@@ -394,57 +307,40 @@ async fn scenario(
     if name == "pg-async-loss" && inbox {
         inbox_lacked = Some(f.lacked.len() as u64);
         let back = rows_back(url, &topic, &f.lacked).await?;
-        notes.push(format!(
+        j.notes.push(format!(
             "{} inbox rows lost with the old primary, {back} of them stored again from Kafka",
             f.lacked.len()
         ));
         if back != f.lacked.len() as u64 {
-            failed.push(format!(
+            j.failed.push(format!(
                 "{} inbox rows lost with the old primary never came back",
                 f.lacked.len() as u64 - back
             ));
         }
     }
-    if inbox {
-        let failed_rows = Db::connect(url).await?.failed(&topic).await?;
-        notes.push(format!(
-            "parked = {} dead letters + {failed_rows} FAILED inbox rows",
-            report.parked.saturating_sub(failed_rows)
-        ));
-    }
     if name == "pg-async-loss" {
-        notes.push(format!(
-            "Kafka ahead in {ahead_after_loss} samples after the promotion (the lost commits \
-             had been acknowledged to it)"
+        j.notes.push(format!(
+            "Kafka ahead in {} samples after the promotion (the lost commits had been \
+             acknowledged to it)",
+            j.ahead_after_loss
         ));
-    }
-    let mut note = notes.join("; ");
-    if !failed.is_empty() {
-        note = format!("FAILED: {}; {note}", failed.join("; "));
     }
     Ok(ClusterResult {
         name: name.into(),
         strategy: args.label().into(),
         seed,
-        sent: produced.log.len() as u64,
-        acked: produced.acked(),
-        effects: report.effects,
-        lost: report.lost,
-        duplicated: report.duplicated,
-        unexpected: report.unexpected,
-        parked: report.parked,
-        kafka_ahead,
-        kafka_ahead_after_loss: (name == "pg-async-loss").then_some(ahead_after_loss),
-        recover_s: recover.map(round2),
+        counts: j.counts.clone(),
+        kafka_ahead_after_loss: (name == "pg-async-loss").then_some(j.ahead_after_loss),
+        recover_s: j.recover_s,
         promotion_s: f.promotion_s.iter().copied().reduce(f64::max).map(round2),
         target_s: target,
-        stall_s: Some(round2(stall)),
-        engine_stall_s: Some(round2(engine_stall)),
-        ack_gap_s: Some(round2(ack_gap(&produced.log))),
+        stall_s: Some(j.stall_s),
+        engine_stall_s: Some(j.engine_stall_s),
+        ack_gap_s: Some(j.ack_gap_s),
         offset_rollback,
         inbox_lacked,
-        passed: failed.is_empty(),
-        note,
+        passed: j.failed.is_empty(),
+        note: j.note(),
     })
 }
 

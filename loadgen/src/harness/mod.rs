@@ -3,6 +3,7 @@
 //! ([`watch`]) that measure recovery and stalls from PostgreSQL's stored offsets.
 
 pub(crate) mod marks;
+pub(crate) mod run;
 pub(crate) mod watch;
 
 use std::path::PathBuf;

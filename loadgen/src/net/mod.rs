@@ -18,17 +18,12 @@ mod netns;
 mod scenarios;
 
 use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
-use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::chaos::{consumer_config, ClaimArg, Db, Proc, Worker};
-use crate::harness::marks::{self, round2};
-use crate::harness::{watch, HarnessArgs, StrategyArg};
-use crate::produce::{Mix, Progress, Step};
-use crate::{finish_stage, produce_stage_with, Session, Spec};
+use crate::chaos::{consumer_config, ClaimArg, Worker};
+use crate::harness::run::{Counts, Run, Targets};
+use crate::harness::{HarnessArgs, StrategyArg};
 pub(crate) use netns::{Fault, Link, Ports, To};
 
 #[derive(Debug, clap::Args)]
@@ -68,8 +63,6 @@ const QUICK: &[&str] = &["pg-cut"];
 
 /// Every partition with traffic commits again within this many seconds of a link's return.
 pub const TARGET_S: f64 = 20.0;
-/// A commit stall this long outside the faults' own windows fails any scenario.
-pub const STALL_LIMIT_S: f64 = 60.0;
 
 /// One scenario's result, as `net-report.json` lists it.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -77,15 +70,8 @@ pub struct NetResult {
     pub name: String,
     pub strategy: String,
     pub seed: u64,
-    pub sent: u64,
-    pub acked: u64,
-    pub effects: u64,
-    pub lost: u64,
-    pub duplicated: u64,
-    pub unexpected: u64,
-    pub parked: u64,
-    /// Samples where Kafka's committed offset was ahead of PostgreSQL's.
-    pub kafka_ahead: u64,
+    #[serde(flatten)]
+    pub counts: Counts,
     /// The slowest recovery after a fault ended (None: one never recovered, or a harness
     /// error).
     pub recover_s: Option<f64>,
@@ -148,17 +134,9 @@ pub async fn run(args: NetArgs) -> anyhow::Result<bool> {
 fn print_result(r: &NetResult) {
     let secs = |v: Option<f64>| v.map_or("-".into(), |s| format!("{s} s"));
     eprintln!(
-        "   {}: sent {} acked {} effects {} lost {} duplicated {} unexpected {} parked {} \
-         kafka-ahead {} recover {} (target {} s) stall {} (engine {}) {}",
+        "   {}: {} recover {} (target {} s) stall {} (engine {}) {}",
         if r.passed { "PASS" } else { "FAIL" },
-        r.sent,
-        r.acked,
-        r.effects,
-        r.lost,
-        r.duplicated,
-        r.unexpected,
-        r.parked,
-        r.kafka_ahead,
+        r.counts,
         secs(r.recover_s),
         r.target_s,
         secs(r.stall_s),
@@ -188,149 +166,63 @@ async fn scenario(
 ) -> anyhow::Result<NetResult> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let inbox = args.inbox();
-    let (brokers, url) = (&args.services.brokers, &args.services.database_url);
     let topic = format!(
         "net-{}{name}-{:06x}",
         if inbox { "inbox-" } else { "" },
         rng.u32(..0xffffff)
     );
-    let partitions = 6;
-    crate::create_topic(brokers, &topic, partitions, 1).await?;
-    let config_path = args.out.join(format!("{topic}.toml"));
-    std::fs::write(&config_path, config(&topic, args.strategy))?;
-    let spec = Spec {
-        brokers: brokers.clone(),
-        database_url: url.clone(),
-        topic: topic.clone(),
-        partitions,
-        consumer: topic.clone(),
-        // Until the faults are done (Progress::stop), at most 15 minutes.
-        plan: vec![Step {
-            rate: Some(args.rate.unwrap_or(if args.quick { 200.0 } else { 300.0 })),
-            duration: Duration::from_secs(900),
-        }],
-        limit: None,
-        mix: Mix {
-            resend: 0.10,
-            redrive: 0.02,
-            redrive_delay: Duration::from_secs(5),
-            double_tap: 0.01,
-            poison: 0.002,
-        },
-        users: 200,
-        rate_bp: 200,
-        drain_timeout: Duration::from_secs(180),
-        report_dir: args.out.join(&topic),
-        seed: Some(seed),
-        quiet: true,
-        compression: Default::default(),
-    };
-    let session = Session::open(&spec).await?;
+    let rate = args.rate.unwrap_or(if args.quick { 200.0 } else { 300.0 });
+    let config = config(&topic, args.strategy);
+    let run = Run::open(args, topic, (6, 1), &config, rate, 200, seed).await?;
     let worker = Worker {
         bin,
-        brokers,
-        database_url: url,
+        brokers: &args.services.brokers,
+        database_url: &args.services.database_url,
     };
-    let watch = watch::CommitWatch::start(url, &topic);
-    let ahead = watch::AheadSampler::start(brokers, url, &topic, partitions)?;
-    let progress = Arc::new(Progress::default());
     let mut ctx = scenarios::Ctx {
         links,
         worker: &worker,
-        config: &config_path,
+        run: &run,
         out: &args.out,
-        topic: &topic,
-        url,
-        session: &session,
-        watch: &watch,
-        partitions,
         rng: fastrand::Rng::with_seed(rng.u64(..)),
         quick: args.quick,
         workers: Vec::new(),
     };
-    let (produced, injected) = tokio::join!(
-        produce_stage_with(&session, &spec, Arc::clone(&progress)),
-        async {
+    let (produced, injected) = run
+        .during(async {
             let injected = scenarios::inject(&mut ctx, name).await;
             // Every link healed before the drain, whatever happened.
             for l in links {
                 l.heal().await?;
             }
-            progress.stop.store(true, Relaxed);
             injected
-        }
-    );
-    let workers: Vec<Proc> = std::mem::take(&mut ctx.workers);
+        })
+        .await;
+    let workers = std::mem::take(&mut ctx.workers);
     let (produced, f) = match produced.and_then(|p| injected.map(|f| (p, f))) {
         Ok(both) => both,
         Err(e) => {
-            for w in workers {
-                w.kill().await;
-            }
-            watch.finish().await;
-            ahead.finish().await;
+            run.abandon(workers).await;
             return Err(e);
         }
     };
-    let report = finish_stage(&session, &spec, &produced).await?;
-    let commits = watch.finish().await;
-    let (kafka_ahead, _) = ahead.finish().await;
-    let mut failed = f.failed.clone();
-    let mut notes = f.notes.clone();
-    for w in workers {
-        if let Err(e) = w.stop().await {
-            failed.push(format!("a worker did not stop cleanly: {e:#}"));
-        }
-    }
-    if !report.verified {
-        failed.push("the ledger did not verify".into());
-    }
-    if kafka_ahead > 0 {
-        failed.push(format!(
-            "Kafka's committed offset ahead of PostgreSQL's in {kafka_ahead} samples"
-        ));
-    }
-    let started = produced.started_at.timestamp_micros() as f64 / 1e6;
-    let rec = marks::recoveries(&f.marks, &commits, &produced.log, started);
-    failed.extend(rec.failed);
-    notes.push(format!("recovery: {}", rec.each.join("; ")));
-    if let Some(r) = rec.slowest.filter(|r| *r > TARGET_S) {
-        failed.push(format!("recovery {r:.2} s over the target {TARGET_S} s"));
-    }
-    let (stall, engine_stall) = watch::longest_stall(&commits, &f.outages);
-    if engine_stall >= STALL_LIMIT_S {
-        failed.push(format!(
-            "a commit stall of {engine_stall:.1} s outside the faults"
-        ));
-    }
-    if inbox {
-        let failed_rows = Db::connect(url).await?.failed(&topic).await?;
-        notes.push(format!(
-            "parked = {} dead letters + {failed_rows} FAILED inbox rows",
-            report.parked.saturating_sub(failed_rows)
-        ));
-    }
-    let mut note = notes.join("; ");
-    if !failed.is_empty() {
-        note = format!("FAILED: {}; {note}", failed.join("; "));
-    }
+    let targets = Targets {
+        marks: &f.marks,
+        outages: &f.outages,
+        recover_s: Some(TARGET_S),
+    };
+    let mut j = run.judge(&produced, workers, inbox, targets).await?;
+    j.notes.splice(0..0, f.notes);
     Ok(NetResult {
         name: name.into(),
         strategy: args.label().into(),
         seed,
-        sent: produced.log.len() as u64,
-        acked: produced.acked(),
-        effects: report.effects,
-        lost: report.lost,
-        duplicated: report.duplicated,
-        unexpected: report.unexpected,
-        parked: report.parked,
-        kafka_ahead,
-        recover_s: rec.slowest,
+        counts: j.counts.clone(),
+        recover_s: j.recover_s,
         target_s: TARGET_S,
-        stall_s: Some(round2(stall)),
-        engine_stall_s: Some(round2(engine_stall)),
-        passed: failed.is_empty(),
-        note,
+        stall_s: Some(j.stall_s),
+        engine_stall_s: Some(j.engine_stall_s),
+        passed: j.failed.is_empty(),
+        note: j.note(),
     })
 }

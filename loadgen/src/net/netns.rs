@@ -178,20 +178,36 @@ impl Link {
             host = self.host_ip
         );
         self.nft_in_ns(&inside).await?;
-        // Each service port to its relay on the host's loopback.
-        let map: Vec<String> = (self.relays.iter())
-            .map(|(p, r)| format!("{p} : {}", r.port))
-            .collect();
+        self.route(false).await
+    }
+
+    /// The host's end: the namespace's connections to the services' ports go to the services
+    /// themselves, or (`relayed`) each to its port's [`Relay`] (latency). Set before a
+    /// scenario's workers start: connections made before keep their way. Only the latency
+    /// scenario goes through the relays: a relay outlives a worker's dead connection (it
+    /// holds the server's end open until the worker's FIN comes through), which would hide
+    /// from PostgreSQL a client that is gone.
+    pub(crate) async fn route(&self, relayed: bool) -> anyhow::Result<()> {
+        let _ = quiet("nft", &["delete", "table", "ip", &self.ns]).await;
+        let ports = set(&self.ports.all());
+        let to = if relayed {
+            let map: Vec<String> = (self.relays.iter())
+                .map(|(p, r)| format!("{p} : {}", r.port))
+                .collect();
+            format!("127.0.0.1 : tcp dport map {{ {} }}", map.join(", "))
+        } else {
+            "127.0.0.1".to_string()
+        };
         let outside = format!(
             "table ip {ns} {{\n\
              chain pre {{\n type nat hook prerouting priority -100\n \
-             iifname \"{h}\" ip daddr {host} tcp dport {ports} \
-             dnat to 127.0.0.1 : tcp dport map {{ {map} }}\n}}\n\
+             iifname \"{h}\" ip daddr {host} tcp dport {ports} dnat to {to}\n}}\n\
              chain in {{\n type nat hook input priority 100\n \
              ip saddr {ns_ip} ip daddr 127.0.0.1 snat to 127.0.0.1\n}}\n}}\n",
+            ns = self.ns,
+            h = self.host_if,
             host = self.host_ip,
             ns_ip = self.ns_ip,
-            map = map.join(", ")
         );
         nft(None, &outside).await
     }

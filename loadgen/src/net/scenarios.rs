@@ -13,20 +13,15 @@ use super::{Fault, Link, To};
 use crate::chaos::{Proc, Worker};
 use crate::harness::marks::{self, Mark};
 use crate::harness::pause;
-use crate::harness::watch::{self, now_s, CommitWatch};
-use crate::Session;
+use crate::harness::run::Run;
+use crate::harness::watch::{self, now_s};
 
 /// What the faults act on.
 pub(super) struct Ctx<'a> {
     pub links: &'a [Link; 2],
     pub worker: &'a Worker<'a>,
-    pub config: &'a Path,
+    pub run: &'a Run,
     pub out: &'a Path,
-    pub topic: &'a str,
-    pub url: &'a str,
-    pub session: &'a Session,
-    pub watch: &'a CommitWatch,
-    pub partitions: i32,
     pub rng: fastrand::Rng,
     pub quick: bool,
     /// The worker processes, started by [`inject`]; stopped by the caller.
@@ -40,18 +35,16 @@ pub(super) struct Faults {
     /// Spans (epoch seconds) in which commits cannot be expected by design.
     pub outages: Vec<(f64, f64)>,
     pub notes: Vec<String>,
-    /// The scenario's own checks that failed.
-    pub failed: Vec<String>,
 }
 
 impl Ctx<'_> {
     /// Worker `n` (1 or 2) in its namespace, with these failpoints armed if any.
     fn start(&mut self, n: usize, failpoints: Option<&str>) -> anyhow::Result<()> {
-        let id = format!("{}-w{n}", self.topic);
+        let id = format!("{}-w{n}", self.run.topic);
         let link = &self.links[n - 1];
         let proc = self.worker.spawn(
             link.command(self.worker.bin),
-            self.config,
+            &self.run.config,
             &id,
             &self.out.join(format!("{id}.log")),
             failpoints,
@@ -91,7 +84,8 @@ impl Ctx<'_> {
         if outage {
             f.outages.push((from, now_s()));
         }
-        f.marks.push(Mark::now(self.session, label, true).await);
+        f.marks
+            .push(Mark::now(&self.run.session, label, true).await);
         Ok(())
     }
 
@@ -108,9 +102,12 @@ pub(super) async fn inject(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<Faul
     // batch), the moments the harness stalls its connection.
     let failpoints = (name == "commit-stall")
         .then_some("before_commit=40*off->1*sleep(4000)->360*off->1*sleep(4000)->off");
+    for l in ctx.links {
+        l.route(name == "latency").await?;
+    }
     ctx.start(1, failpoints)?;
     ctx.start(2, None)?;
-    marks::settle(ctx.watch, ctx.partitions).await?;
+    marks::settle(&ctx.run.watch, ctx.run.partitions).await?;
     let w1 = [&ctx.links[0]];
     match name {
         "latency" => {
@@ -151,7 +148,7 @@ pub(super) async fn inject(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<Faul
             // worker 2 while worker 1 may be inside a transaction, still able to commit.
             let secs = ctx.secs(40).max(15);
             f.marks
-                .push(Mark::now(ctx.session, "worker 1 cut off from Kafka", false).await);
+                .push(Mark::now(&ctx.run.session, "worker 1 cut off from Kafka", false).await);
             let fault = Fault::Cut { to: To::Kafka };
             let label = format!("worker 1's link to Kafka back after {secs} s");
             ctx.hold(&mut f, &w1, fault, secs, true, &label).await?;
@@ -174,7 +171,7 @@ pub(super) async fn inject(ctx: &mut Ctx<'_>, name: &str) -> anyhow::Result<Faul
                 ctx.secs(60)
             ));
             f.marks
-                .push(Mark::now(ctx.session, "the flapping ended", true).await);
+                .push(Mark::now(&ctx.run.session, "the flapping ended", true).await);
         }
         other => anyhow::bail!("unknown scenario {other:?}"),
     }
@@ -219,7 +216,7 @@ async fn commit_stall(ctx: &mut Ctx<'_>, f: &mut Faults) -> anyhow::Result<()> {
         (Fault::Deaf { to: To::Postgres }, "answers dropped"),
         (Fault::Cut { to: To::Postgres }, "everything dropped"),
     ] {
-        held_before_commit(ctx.url, Duration::from_secs(90)).await?;
+        held_before_commit(&ctx.run.spec.database_url, Duration::from_secs(90)).await?;
         let label = format!("COMMIT stalled ({what}) for {secs} s");
         ctx.hold(f, &[&ctx.links[0]], fault, secs, true, &label)
             .await?;
