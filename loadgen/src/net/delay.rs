@@ -1,9 +1,10 @@
 //! Latency on a link, in user space. This machine's kernel (a Firecracker build) has no
 //! `sch_netem` and no NFQUEUE, so latency cannot be put on the packets: instead the host's end
-//! of each link takes the namespace's connections to a service through a [`Relay`] that holds
+//! of a link can take the namespace's connections to a service through a [`Relay`] that holds
 //! every chunk a worker sends for the configured delay (± a uniform jitter) before passing it
-//! on, in order. Until a delay is set it passes bytes straight through. Loss and drops stay in
-//! the kernel (nftables, [`super::netns`]), on the packets between the worker and the relay.
+//! on, in order (only in the latency scenario: [`super::netns::Link::route`] says why). Until
+//! a delay is set it passes bytes straight through. Loss and drops stay in the kernel
+//! (nftables, [`super::netns`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -16,8 +16,8 @@
 //! Drops and loss are nftables rules inside the namespace, on the packets themselves: what the
 //! namespace sends to a port (output) and what it receives from it (input); loss draws each
 //! packet with `numgen random`. Latency is added by the link's [`Relay`]s (one per service
-//! port, which the host's end sends the namespace's connections through): this kernel has no
-//! `sch_netem` ([`super::delay`] says why).
+//! port, which the host's end sends the namespace's connections through when
+//! [`Link::route`] says so): this kernel has no `sch_netem` ([`super::delay`] says why).
 
 use std::process::Stdio;
 
