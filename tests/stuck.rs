@@ -376,3 +376,26 @@ async fn inbox_processors_failing_past_stall_after_are_a_stall_until_a_round_com
     .await;
     worker.stop().await.unwrap();
 }
+
+/// A worker cut off mid-statement (a COPY waiting for its rows is not "idle in transaction")
+/// must not hold its locks on the server for the kernel's two-hour keepalive default: the
+/// engine's sessions ask PostgreSQL for keepalives of their own (chaos-net's `commit-stall`
+/// is the scenario; this checks the server took the settings).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_probes_an_engine_session_that_went_silent() {
+    let pool = common::pool(1);
+    let db = pool.get().await.unwrap();
+    for (name, want) in [
+        ("tcp_keepalives_idle", "10"),
+        ("tcp_keepalives_interval", "5"),
+        ("tcp_keepalives_count", "3"),
+        ("tcp_user_timeout", "30000"),
+    ] {
+        let got: String = db
+            .query_one(&format!("SHOW {name}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(got, want, "{name}");
+    }
+}

@@ -13,6 +13,12 @@ use crate::store::tls::{self, TlsError};
 /// and the TCP user timeout. Loops count it in their heartbeat periods ([`crate::health`]).
 pub const SILENT_SERVER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The server's side of the keepalives, as session settings (each is PostgreSQL's
+/// `PGC_USERSET`, so any role may set them): probes after 10 s of silence, 5 s apart, 3 of
+/// them; and a 30 s TCP user timeout for what the server sent and the client never acked.
+const SERVER_KEEPALIVES: &str = "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 \
+    -c tcp_keepalives_count=3 -c tcp_user_timeout=30000";
+
 /// Errors building a pool or opening a connection.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -92,8 +98,14 @@ fn build_with(url: &str, tls: &TlsConfig, opts: &PoolOptions) -> Result<Pool, Po
     } else {
         ""
     };
+    // The same for the server's end: a worker that vanishes (cut off, or its connection
+    // dropped at a deadline while the network was down) can leave a session in the middle of
+    // a statement (a COPY waiting for its rows), where `idle_in_transaction_session_timeout`
+    // does not apply, holding its locks (a partition's offset row) against the next attempt
+    // until the server's TCP notices: two hours with the kernel's keepalive defaults. With
+    // these the server drops it within about 25 s of the last packet.
     pg.options(format!(
-        "-c idle_in_transaction_session_timeout={} -c jit=off{parallel}",
+        "-c idle_in_transaction_session_timeout={} -c jit=off{parallel} {SERVER_KEEPALIVES}",
         opts.idle_in_transaction_timeout.as_millis()
     ));
     let manager = Manager::from_config(
