@@ -15,7 +15,8 @@ pub(crate) struct Proc {
 }
 
 impl Proc {
-    fn pid(&self) -> Option<u32> {
+    /// Its process id, while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.id()
     }
 
@@ -119,9 +120,22 @@ impl Worker<'_> {
         log: &Path,
         failpoints: Option<&str>,
     ) -> anyhow::Result<Proc> {
+        self.spawn("run", config, id, log, failpoints)
+    }
+
+    /// `effectively <command> --config <config>` (`run`, `relay`, `send`) with no metrics
+    /// server, as `id` (its stderr in `log`), with these failpoints armed if any.
+    pub(crate) fn spawn(
+        &self,
+        command: &str,
+        config: &Path,
+        id: &str,
+        log: &Path,
+        failpoints: Option<&str>,
+    ) -> anyhow::Result<Proc> {
         let log = std::fs::File::create(log)?;
         let mut cmd = tokio::process::Command::new(self.bin);
-        cmd.args(["run", "--metrics-addr", "off", "--config"])
+        cmd.args([command, "--metrics-addr", "off", "--config"])
             .arg(config)
             .env("KAFKA_BROKERS", self.brokers)
             .env("DATABASE_URL", self.database_url)

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::stack::Cluster;
 use super::PartitionRollback;
+use crate::harness::marks::Mark;
 use crate::harness::watch::{self, now_s, AheadSampler, CommitWatch};
 use crate::Session;
 
@@ -21,24 +22,6 @@ pub(super) struct Ctx<'a> {
     pub rng: fastrand::Rng,
     pub quick: bool,
     pub inbox: bool,
-}
-
-/// A moment recovery is measured from.
-#[derive(Debug, Clone)]
-pub(super) struct Mark {
-    pub label: String,
-    /// Epoch seconds.
-    pub from: f64,
-    /// Each partition's high watermark just before (None: Kafka did not answer in time).
-    pub hw: Option<Vec<i64>>,
-    /// Commits begun before this (epoch seconds) do not count as recovered: the fault took
-    /// effect only then (a SIGKILLed broker is gone, a primary stopped, once the script
-    /// returns; a commit in between still went to the old one).
-    pub valid_after: f64,
-    /// After a failover, the new primary's port: only its commits count.
-    pub server: Option<u16>,
-    /// Counted in `recover_s` (else only said in the note).
-    pub counted: bool,
 }
 
 /// What the faults did and saw.
@@ -95,21 +78,9 @@ fn pause(d: Duration) -> tokio::time::Sleep {
 }
 
 impl Ctx<'_> {
-    /// A mark at this moment, each partition's high watermark taken first (within 5 s).
+    /// A mark at this moment ([`Mark::take`]).
     async fn mark(&self, label: impl Into<String>, counted: bool) -> Mark {
-        let hw = tokio::time::timeout(Duration::from_secs(5), self.session.watcher.highs())
-            .await
-            .ok()
-            .and_then(Result::ok);
-        let from = now_s();
-        Mark {
-            label: label.into(),
-            from,
-            hw,
-            valid_after: from,
-            server: None,
-            counted,
-        }
+        Mark::take(&self.session.watcher, label, counted).await
     }
 
     /// Waits until both workers run: every partition has committed (up to 90 s), then a little.

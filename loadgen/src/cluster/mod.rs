@@ -17,7 +17,6 @@
 mod faults;
 mod stack;
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -372,23 +371,10 @@ async fn scenario(
     }
 
     // Recovery from each fault, over the partitions that had traffic after it.
-    let started = produced.started_at.timestamp_micros() as f64 / 1e6;
     let mut recover: Option<f64> = Some(0.0);
     let mut each = Vec::new();
     for m in &f.marks {
-        let busy: BTreeSet<i32> = produced
-            .log
-            .iter()
-            .filter(|s| s.acked && started + s.acked_at_s >= m.from)
-            .filter_map(|s| s.partition)
-            .collect();
-        let since = watch::Since {
-            from: m.from,
-            valid_after: m.valid_after,
-            past: m.hw.as_deref(),
-            server: m.server,
-        };
-        match watch::recovery(&commits, &busy, since) {
+        match m.recovery(&commits, &produced) {
             Ok(s) => {
                 each.push(format!("{} {:.2} s", m.label, s));
                 if m.counted {
