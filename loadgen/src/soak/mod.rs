@@ -327,13 +327,16 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<bool> {
     if let Err(e) = sample::fill_p99(url, &topic, started, &mut samples).await {
         eprintln!("soak: the intervals' p99 could not be read: {e:#}");
     }
-    let fault_at: Vec<f64> = results.iter().map(|r| r.at_s).collect();
+    let fault_at: Vec<(f64, f64)> = (results.iter())
+        .map(|r| (r.at_s, r.at_s + r.down_s.unwrap_or(0.0)))
+        .collect();
     let trends = verdict::trends(
         &samples,
         &fault_at,
         plan.warm_up,
         plan.settle,
         plan.duration,
+        args.rate,
     );
     for t in trends.iter().filter(|t| !t.passed) {
         failures.push(format!("{}: {}", t.series, t.note));

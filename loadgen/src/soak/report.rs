@@ -204,17 +204,22 @@ impl SoakReport {
         );
         for t in &self.trends {
             eprintln!(
-                "trend {}: median {} {}, slope {}/h over {} samples ({} runs), growth over the \
-                 run {} (limit {}){}",
+                "trend {}: median {} {}, slope {}/h over {} points ({} groups), growth over the \
+                 run {} (limit {}){}{}",
                 t.series,
                 t.median,
                 t.unit,
                 t.slope_per_hour.map_or("-".into(), |s| format!("{s:+.2}")),
                 t.points,
-                t.incarnations,
+                t.groups,
                 t.growth_over_run.map_or("-".into(), |g| format!("{g:+.2}")),
                 t.limit,
-                if t.passed { "" } else { "  FAIL" }
+                if t.passed { "" } else { "  FAIL" },
+                if t.note.is_empty() || !t.passed {
+                    String::new()
+                } else {
+                    format!(" ({})", t.note)
+                }
             );
         }
         for n in &self.notes {

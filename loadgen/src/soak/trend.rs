@@ -1,31 +1,32 @@
 //! Whether a resource grows over a soak: a least-squares slope through the samples that count,
 //! compared with a threshold stated up front.
 //!
-//! A restarted process starts small and grows into its steady state, so one line through a
-//! role's whole series would read a restart as a leak (or hide one). Each run of a process (an
-//! incarnation: a pid) keeps its own level; the slope is the one they share, fitted within
-//! each (the "within" estimator: every point measured from its incarnation's means). A process
-//! that runs the whole soak is one incarnation and gets the plain least-squares slope.
+//! A restarted process starts small and grows into its steady state, and a fault can move a
+//! level once (a backlog caught up after a broker restart leaves the allocator bigger), so one
+//! line through a role's whole series would read a restart or a catch-up as a leak (or hide
+//! one). Each group of points (see `verdict`) keeps its own level; the slope is the one they
+//! share, fitted within each (the "within" estimator: every point measured from its group's
+//! means). A single group gets the plain least-squares slope.
 
 use serde::Serialize;
 
-/// One sample of a series: when (seconds since the start), which incarnation, the value.
+/// One sample of a series: when (seconds since the start), which group, the value.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Point {
     pub t_s: f64,
-    pub incarnation: u32,
+    pub group: u32,
     pub y: f64,
 }
 
-/// The slope (per second) shared by the incarnations, each around its own means; None with
-/// fewer than 3 points or no spread in time within any incarnation.
+/// The slope (per second) shared by the groups, each around its own means; None with fewer
+/// than 3 points or no spread in time within any group.
 pub(super) fn within_slope(points: &[Point]) -> Option<f64> {
     if points.len() < 3 {
         return None;
     }
     let mut groups: std::collections::BTreeMap<u32, Vec<(f64, f64)>> = Default::default();
     for p in points {
-        groups.entry(p.incarnation).or_default().push((p.t_s, p.y));
+        groups.entry(p.group).or_default().push((p.t_s, p.y));
     }
     let (mut sxy, mut sxx) = (0.0, 0.0);
     for pts in groups.values() {
@@ -81,9 +82,11 @@ impl Threshold {
 pub(super) struct Trend {
     /// `worker-a rss_mb`, `postgres connections`, ...
     pub series: String,
-    /// Samples fitted (after the warm-up, away from faults).
+    /// Points fitted (samples after the warm-up and away from faults; or, between faults,
+    /// one per process run and fault interval).
     pub points: usize,
-    pub incarnations: usize,
+    /// Groups with a level of their own.
+    pub groups: usize,
     pub median: f64,
     pub slope_per_hour: Option<f64>,
     /// The slope over the whole run's length (`run_s`): what the series would have grown.
@@ -101,9 +104,9 @@ pub(super) fn judge(series: String, points: &[Point], threshold: Threshold, run_
     let ys: Vec<f64> = points.iter().map(|p| p.y).collect();
     let med = median(&ys);
     let limit = threshold.limit(med);
-    let incarnations = points
+    let groups = points
         .iter()
-        .map(|p| p.incarnation)
+        .map(|p| p.group)
         .collect::<std::collections::BTreeSet<_>>()
         .len();
     let slope = within_slope(points);
@@ -123,7 +126,7 @@ pub(super) fn judge(series: String, points: &[Point], threshold: Threshold, run_
     Trend {
         series,
         points: points.len(),
-        incarnations,
+        groups,
         median: round(med),
         slope_per_hour: slope.map(|s| round(s * 3600.0)),
         growth_over_run: growth.map(round),
@@ -143,7 +146,7 @@ mod tests {
             .enumerate()
             .map(|(i, &y)| Point {
                 t_s: from + 10.0 * i as f64,
-                incarnation: inc,
+                group: inc,
                 y,
             })
             .collect()
@@ -189,7 +192,7 @@ mod tests {
         let p: Vec<Point> = (0..10)
             .map(|i| Point {
                 t_s: 360.0 * i as f64,
-                incarnation: 1,
+                group: 1,
                 y: 100.0 + 3.6 * i as f64,
             })
             .collect();
