@@ -397,8 +397,9 @@ async fn rotate(
             tokio::time::sleep(Duration::from_secs_f64(wait)).await;
         }
         // A slow fault (a broker that took a minute to start) delays the next ones; none is
-        // injected later than the last one was due, so each has traffic after it.
-        if now_s() - started > last {
+        // injected later than the last one was due (a second of slack for the timer), so each
+        // has traffic after it.
+        if now_s() - started > last + 1.0 {
             notes.push(format!(
                 "fault {} ({:?}) not injected: the faults before it ran past {last:.0} s",
                 n + 1,
