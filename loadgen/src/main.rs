@@ -23,6 +23,7 @@ mod outbox;
 mod produce;
 mod report;
 mod session;
+mod soak;
 mod stages;
 mod topics;
 mod verify;
@@ -171,6 +172,10 @@ enum Command {
     /// `make bench`'s pre-filter phase alone: a 100%-duplicate replay of a topic with and
     /// without the Redis pre-filter (Redis from REDIS_URL or `scripts/stack.sh redis-up`).
     Replay(bench::replay::ReplayArgs),
+    /// `make soak`: two workers, the relay and the sender under the demo's traffic for
+    /// `SOAK_DURATION` (1 h), a fault every few minutes, sampling RSS, descriptors, threads,
+    /// connections, lag and p99; fails on a loss, a double, an unrecovered fault or growth.
+    Soak(soak::SoakArgs),
 }
 
 #[tokio::main]
@@ -184,6 +189,7 @@ async fn main() -> std::process::ExitCode {
         Some(Command::ChaosNet(n)) => net::run(n).await,
         Some(Command::Orders(o)) => orders::run(o).await,
         Some(Command::Replay(r)) => bench::replay::run(r).await,
+        Some(Command::Soak(s)) => soak::run(s).await,
         None => demo::run(cli.run).await,
     };
     match result {

@@ -37,7 +37,7 @@ mod inbox;
 mod joins;
 mod latency;
 mod partitions;
-mod procfs;
+pub(crate) mod procfs;
 pub(crate) mod replay;
 mod river;
 mod traces;

@@ -1,5 +1,6 @@
 //! What the phases read of a process from `/proc`: its CPU time (its own, and its exited
-//! children's), its parent, its peak RSS. Linux only, as the bench is.
+//! children's), its parent, its peak RSS; and what the soak samples ([`resources`]): its RSS,
+//! open descriptors and threads. Linux only, as the bench and the soak are.
 
 /// Linux's clock ticks a second (`getconf CLK_TCK`), the unit of `/proc/<pid>/stat`'s times.
 pub(super) const TICKS: f64 = 100.0;
@@ -32,13 +33,26 @@ pub(super) fn pids() -> impl Iterator<Item = u32> {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
 }
 
+/// A `kB` field of `/proc/<pid>/status` (`VmHWM:`, `VmRSS:`) in MB, or a count (`Threads:`).
+fn status_field(status: &str, name: &str) -> Option<f64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 /// A process's (peak RSS in MB, CPU seconds) so far; zeros once it is gone.
 pub(super) fn usage(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm_kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0.0);
+    let hwm_kb = status_field(&status, "VmHWM:").unwrap_or(0.0);
     (hwm_kb / 1024.0, stat(pid).map_or(0.0, |s| s.cpu_s))
+}
+
+/// What a running process holds now: RSS in MB, open file descriptors, threads (None: gone).
+pub(crate) fn resources(pid: u32) -> Option<(f64, u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_mb = status_field(&status, "VmRSS:")? / 1024.0;
+    let threads = status_field(&status, "Threads:")? as u64;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    Some((rss_mb, fds, threads))
 }

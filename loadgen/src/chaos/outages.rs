@@ -2,12 +2,11 @@
 //! (crashed and restarted with `scripts/stack.sh`) and `postgres-unreachable` (connections cut
 //! and refused by a proxy).
 
-use std::process::Stdio;
 use std::sync::Arc;
 
 use super::workers::{Env, Proc};
-use super::ChaosArgs;
 use crate::harness::pause;
+use crate::harness::stack::stack;
 
 /// `postgres-crash`: PostgreSQL crashed and restarted twice.
 pub(super) async fn postgres_crash(
@@ -57,44 +56,6 @@ pub(super) async fn broker_crash(
     stack("kafka-crash").await?;
     pause(2000).await;
     stack("up").await?;
-    Ok(())
-}
-
-/// Makes sure `scripts/stack.sh` (with the `STACK_DIR` this process inherited) manages the
-/// Kafka and PostgreSQL this run uses, before a scenario crashes one of them: a run against
-/// another stack must not crash the default one under `.stack/`.
-pub(super) async fn check_stack(args: &ChaosArgs) -> anyhow::Result<()> {
-    let out = tokio::process::Command::new("scripts/stack.sh")
-        .arg("env")
-        .stderr(Stdio::null())
-        .output()
-        .await?;
-    let env = String::from_utf8_lossy(&out.stdout);
-    let var = |name: &str| {
-        env.lines()
-            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
-            .map(str::to_string)
-    };
-    let dir = std::env::var("STACK_DIR").unwrap_or_else(|_| ".stack".into());
-    anyhow::ensure!(
-        out.status.success()
-            && var("KAFKA_BROKERS").as_deref() == Some(args.services.brokers.as_str())
-            && var("DATABASE_URL").as_deref() == Some(args.services.database_url.as_str()),
-        "this scenario crashes and restarts services with scripts/stack.sh, whose stack \
-         (STACK_DIR={dir}) is not the one this run uses (KAFKA_BROKERS={}): set STACK_DIR to \
-         the stack's folder and source its env file",
-        args.services.brokers
-    );
-    Ok(())
-}
-
-async fn stack(cmd: &str) -> anyhow::Result<()> {
-    let status = tokio::process::Command::new("scripts/stack.sh")
-        .arg(cmd)
-        .stdout(Stdio::null())
-        .status()
-        .await?;
-    anyhow::ensure!(status.success(), "scripts/stack.sh {cmd} failed");
     Ok(())
 }
 

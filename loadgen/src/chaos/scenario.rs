@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::checks::{sample_offsets, verify_effects};
 use super::inbox::{inbox_burst, BURST};
-use super::outages::{check_stack, Proxy};
+use super::outages::Proxy;
 use super::workers::{worker_config, Env, Proc};
 use super::{bounces, outages, ChaosArgs, ScenarioResult};
 use crate::harness::run::{inbox_parked, Counts};
@@ -24,7 +24,7 @@ pub(super) async fn scenario(
     seed: u64,
 ) -> anyhow::Result<ScenarioResult> {
     if matches!(name, "postgres-crash" | "broker-crash") {
-        check_stack(args).await?;
+        crate::harness::stack::check_stack(&args.services).await?;
     }
     let inbox = args.inbox();
     let burst = name == "inbox-burst";

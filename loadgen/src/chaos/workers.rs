@@ -15,7 +15,8 @@ pub(crate) struct Proc {
 }
 
 impl Proc {
-    fn pid(&self) -> Option<u32> {
+    /// Its process id, while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.id()
     }
 
@@ -119,27 +120,29 @@ impl Worker<'_> {
         log: &Path,
         failpoints: Option<&str>,
     ) -> anyhow::Result<Proc> {
-        self.spawn(
-            tokio::process::Command::new(self.bin),
-            config,
-            id,
-            log,
-            failpoints,
-        )
+        self.spawn(self.command(), "run", config, id, log, failpoints)
     }
 
-    /// [`Worker::start`] through `cmd`: the binary itself, or a wrapper that ends with it
-    /// (`ip netns exec <ns> <bin>`, which execs it: the child's pid is the worker's).
+    /// The engine's binary as a command to [`Worker::spawn`].
+    pub(crate) fn command(&self) -> tokio::process::Command {
+        tokio::process::Command::new(self.bin)
+    }
+
+    /// `effectively <command> --config <config>` (`run`, `relay`, `send`) with no metrics
+    /// server, as `id` (its stderr in `log`), with these failpoints armed if any, through
+    /// `cmd`: the binary itself ([`Worker::command`]) or a wrapper that ends with it (`ip
+    /// netns exec <ns> <bin>`, which execs it: the child's pid is the engine's).
     pub(crate) fn spawn(
         &self,
         mut cmd: tokio::process::Command,
+        command: &str,
         config: &Path,
         id: &str,
         log: &Path,
         failpoints: Option<&str>,
     ) -> anyhow::Result<Proc> {
         let log = std::fs::File::create(log)?;
-        cmd.args(["run", "--metrics-addr", "off", "--config"])
+        cmd.args([command, "--metrics-addr", "off", "--config"])
             .arg(config)
             .env("KAFKA_BROKERS", self.brokers)
             .env("DATABASE_URL", self.database_url)

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use super::pause;
 use super::watch::{self, now_s, Commit, CommitWatch};
 use crate::produce::Sent;
-use crate::Session;
+use crate::session::LagWatcher;
+use crate::{Produced, Session};
 
 /// A moment recovery is measured from.
 #[derive(Debug, Clone)]
@@ -31,7 +32,16 @@ pub(crate) struct Mark {
 impl Mark {
     /// A mark at this moment, each partition's high watermark taken first (within 5 s).
     pub(crate) async fn now(session: &Session, label: impl Into<String>, counted: bool) -> Mark {
-        let hw = tokio::time::timeout(Duration::from_secs(5), session.watcher.highs())
+        Mark::take(&session.watcher, label, counted).await
+    }
+
+    /// [`Mark::now`] with the high watermarks of the topic `watcher` watches.
+    pub(crate) async fn take(
+        watcher: &LagWatcher,
+        label: impl Into<String>,
+        counted: bool,
+    ) -> Mark {
+        let hw = tokio::time::timeout(Duration::from_secs(5), watcher.highs())
             .await
             .ok()
             .and_then(Result::ok);
@@ -44,6 +54,28 @@ impl Mark {
             server: None,
             counted,
         }
+    }
+
+    /// Seconds until every partition with traffic acknowledged after the mark (in
+    /// `produced`'s log) committed past where it ended at the mark ([`watch::recovery`]);
+    /// Err: the partitions that never did.
+    pub(crate) fn recovery(
+        &self,
+        commits: &[Commit],
+        produced: &Produced,
+    ) -> Result<f64, Vec<i32>> {
+        let started = produced.started_at.timestamp_micros() as f64 / 1e6;
+        let busy: BTreeSet<i32> = (produced.log.iter())
+            .filter(|s| s.acked && started + s.acked_at_s >= self.from)
+            .filter_map(|s| s.partition)
+            .collect();
+        let since = watch::Since {
+            from: self.from,
+            valid_after: self.valid_after,
+            past: self.hw.as_deref(),
+            server: self.server,
+        };
+        watch::recovery(commits, &busy, since)
     }
 }
 
@@ -80,31 +112,14 @@ pub(crate) struct Recoveries {
     pub failed: Vec<String>,
 }
 
-/// Each mark's recovery: the seconds until every partition with traffic acknowledged after
-/// it (in `log`, its times relative to `started`, epoch seconds) committed past its end then.
-pub(crate) fn recoveries(
-    marks: &[Mark],
-    commits: &[Commit],
-    log: &[Sent],
-    started: f64,
-) -> Recoveries {
+/// Each mark's recovery ([`Mark::recovery`]), the slowest of the counted ones, and what failed.
+pub(crate) fn recoveries(marks: &[Mark], commits: &[Commit], produced: &Produced) -> Recoveries {
     let mut r = Recoveries {
         slowest: Some(0.0),
         ..Recoveries::default()
     };
     for m in marks {
-        let busy: BTreeSet<i32> = log
-            .iter()
-            .filter(|s| s.acked && started + s.acked_at_s >= m.from)
-            .filter_map(|s| s.partition)
-            .collect();
-        let since = watch::Since {
-            from: m.from,
-            valid_after: m.valid_after,
-            past: m.hw.as_deref(),
-            server: m.server,
-        };
-        match watch::recovery(commits, &busy, since) {
+        match m.recovery(commits, produced) {
             Ok(s) => {
                 r.each.push(format!("{} {:.2} s", m.label, s));
                 r.seconds.push(Some(round2(s)));

@@ -1,9 +1,12 @@
 //! What the fault harnesses share (`loadgen chaos`, `chaos-cluster`, `chaos-net`, `soak`): one
-//! flags block ([`HarnessArgs`]), the choice of scenarios from it, and the watchers
-//! ([`watch`]) that measure recovery and stalls from PostgreSQL's stored offsets.
+//! flags block ([`HarnessArgs`]), the choice of scenarios from it, the watchers ([`watch`])
+//! that measure recovery and stalls from PostgreSQL's stored offsets, a fault's [`marks`] to
+//! measure from, one scenario's course from its traffic to its verdict ([`run`]), and the
+//! single-node stack's crashes ([`stack`]).
 
 pub(crate) mod marks;
 pub(crate) mod run;
+pub(crate) mod stack;
 pub(crate) mod watch;
 
 use std::path::PathBuf;

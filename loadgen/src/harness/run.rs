@@ -253,8 +253,7 @@ impl Run {
                 "Kafka's committed offset ahead of PostgreSQL's in {kafka_ahead} samples"
             ));
         }
-        let started = produced.started_at.timestamp_micros() as f64 / 1e6;
-        let rec = marks::recoveries(targets.marks, &commits, &produced.log, started);
+        let rec = marks::recoveries(targets.marks, &commits, produced);
         j.failed.extend(rec.failed);
         j.notes.push(format!("recovery: {}", rec.each.join("; ")));
         if let (Some(r), Some(t)) = (rec.slowest, targets.recover_s) {

@@ -44,6 +44,7 @@ impl Ctx<'_> {
         let link = &self.links[n - 1];
         let proc = self.worker.spawn(
             link.command(self.worker.bin),
+            "run",
             &self.run.config,
             &id,
             &self.out.join(format!("{id}.log")),
