@@ -46,18 +46,23 @@ fn of_types(typed: bool, alias: &str) -> String {
 }
 
 // `$1`: the event types served, `$2`: the limit. [typed, all].
+// The heads (each aggregate's lowest unpublished `seq` of the types served) come from one pass
+// over `outbox_unpublished_heads` in (aggregate_id, seq) order; the oldest `$2` of them are
+// locked. Looking each unpublished row's head up again instead cost a lookup (and a sort) per
+// row of the backlog at every claim: 140 s for one claim of a 293,459-row backlog (V15).
+// `published_at IS NULL` is checked again on the locked row: a head another relay published
+// since this statement's snapshot is left out.
 static CLAIM_HEADS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
     [true, false].map(|typed| {
         format!(
-            "SELECT {COLUMNS} FROM outbox o
-             WHERE o.published_at IS NULL AND {o}
-               AND o.seq = (SELECT h.seq FROM outbox h
-                            WHERE h.aggregate_id = o.aggregate_id AND h.published_at IS NULL
-                              AND {h}
-                            ORDER BY h.seq LIMIT 1)
+            "WITH heads AS (
+                 SELECT DISTINCT ON (h.aggregate_id) h.id FROM outbox h
+                 WHERE h.published_at IS NULL AND {h}
+                 ORDER BY h.aggregate_id, h.seq)
+             SELECT {COLUMNS} FROM outbox o
+             WHERE o.id IN (SELECT id FROM heads) AND o.published_at IS NULL
              ORDER BY o.seq LIMIT $2
              FOR UPDATE OF o SKIP LOCKED",
-            o = of_types(typed, "o"),
             h = of_types(typed, "h"),
         )
     })
