@@ -56,8 +56,9 @@ deploy-check:
 DEBUG_FEATURES := --features effectively/failpoints
 
 # Every test (the Schema Registry's with the stack's Apicurio, started here), the short chaos
-# subset (and its hard bounce under the inbox strategy and with commit groups), 3 minutes of the
-# soak at 500 msg/s (a worker SIGKILL, a PostgreSQL and a broker restart), a short
+# subset (and its hard bounce under the inbox strategy and with commit groups), chaos-net's quick
+# scenario (a worker cut off from PostgreSQL for 15 s), 3 minutes of the soak at 500 msg/s (a
+# worker SIGKILL, a PostgreSQL restart, a link cut, a broker restart), a short
 # out-of-order order-status stream (versioned writes, full-state and delta), a short demo run
 # (10 s at 500 msg/s) that must verify, its outbox walk, and 10 s of it in Avro through the
 # registry (loadgen's serializers against the engine's decoding), 10 s of CloudEvents with
@@ -154,16 +155,18 @@ net-deps:
 # The soak (docs/RELIABILITY.md, "Soak"): two workers, the outbox relay and the notification
 # sender under the demo's traffic (2,000 msg/s, resends, redrives, double taps, poison) for
 # SOAK_DURATION, a fault every few minutes in rotation (a worker SIGKILLed and restarted,
-# PostgreSQL restarted, a worker's link to PostgreSQL cut for 20 s, the broker restarted), each process's RSS, descriptors and threads,
-# PostgreSQL's connections, lag and p99 sampled throughout. Fails on anything lost or doubled,
-# a fault not recovered within 60 s, or growth past its threshold. Writes target/soak/report.json
-# and report.svg. It crashes the stack's Kafka and PostgreSQL on purpose: run it alone, or on a
-# stack of its own (STACK_DIR=$$PWD/.stack-soak make soak). `make test` runs 3 minutes of it at
-# 500 msg/s (as its demo: at 2,000 the debug workers on two shared cores do not reach a steady state).
+# PostgreSQL restarted, a worker's link to PostgreSQL cut for 20 s in its network namespace, the
+# broker restarted), each process's RSS, descriptors and threads, PostgreSQL's connections, lag
+# and p99 sampled throughout. Fails on anything lost or doubled, a fault not recovered within
+# 60 s, or growth past its threshold. Writes target/soak/report.json and report.svg. It crashes
+# the stack's Kafka and PostgreSQL on purpose: run it alone, or on a stack of its own
+# (STACK_DIR=$$PWD/.stack-soak make soak). Root only (the network namespaces). `make soak` runs
+# the release build, as `make demo` does; `make test` runs 3 minutes of it at 500 msg/s with the
+# debug build (at 2,000 debug workers on two shared cores reach no steady state).
 SOAK_DURATION ?= 1h
 soak: up migrate net-deps
-	cargo build -q --workspace --bins $(DEBUG_FEATURES)
-	$(WITH_ENV) SOAK_DURATION=$(SOAK_DURATION) target/debug/loadgen soak
+	cargo build -q --release --workspace --bins
+	$(WITH_ENV) SOAK_DURATION=$(SOAK_DURATION) target/release/loadgen soak
 
 # The cluster stack (scripts/cluster.sh): three KRaft brokers (replication factor 3, min ISR 2)
 # and a PostgreSQL primary with a hot standby, under .stack-cluster/, apart from the default stack.
