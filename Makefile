@@ -10,7 +10,7 @@ export STACK_DIR ?= $(CURDIR)/.stack
 WITH_ENV := source $(STACK_DIR)/env &&
 
 .PHONY: up down status build migrate lint test demo bench microbench chaos chaos-cluster cluster-up cluster-down \
-	registry-up registry-down jaeger-up jaeger-down
+	registry-up registry-down jaeger-up jaeger-down fuzz
 
 up:
 	@$(STACK) up >/dev/null
@@ -107,6 +107,15 @@ bench: up
 # Criterion micro-benchmarks of the per-record hot paths (no services needed).
 microbench:
 	cargo bench --bench hot_paths
+
+# Fuzzing (scripts/fuzz.sh; docs/RELIABILITY.md, "Fuzzed input"): every cargo-fuzz target of
+# fuzz/ (the record decoder, the registry formats' decoders, the config loader, the console's
+# queries and forms) under libFuzzer for FUZZ_SECONDS each, on the nightly toolchain
+# (cargo-fuzz installed if missing). No services needed. A crash is copied into
+# fuzz/regressions/<target>/, which tests/fuzz.rs replays in `make test`.
+FUZZ_SECONDS ?= 600
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh $(FUZZ_TARGETS)
 
 # Fault injection: every scenario of docs/RELIABILITY.md against real worker processes (built
 # with the failpoints feature), each verified exactly-once, with the batch strategy, then again
