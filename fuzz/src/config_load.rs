@@ -239,6 +239,12 @@ pub fn seeds() -> Vec<Input> {
     vec![
         Input::Example(vec![]),
         Input::Text(String::new()),
+        // A secret's file that never ends.
+        Input::Text(
+            "[kafka.sasl]\nmechanism = \"PLAIN\"\nusername = \"u\"\npassword_file = \"/dev/zero\"\n\
+             [[consumer]]\nname = \"c\"\ntopics = [\"t\"]\nhandler = { kind = \"cashback\" }\n"
+                .into(),
+        ),
         Input::Text("[[consumer]]\nname = \"\u{ff}\"".into()),
         Input::Text("[kafka]\nsession_timeout = \"18446744073709551615years\"\n".into()),
         append(Key::Retention, Value::Duration(u64::MAX, Unit::Years)),
