@@ -54,7 +54,8 @@ deploy-check:
 # Debug builds carry the chaos failpoints (inert unless FAILPOINTS is set); release never does.
 DEBUG_FEATURES := --features effectively/failpoints
 
-# Every test (the Schema Registry's with the stack's Apicurio, started here), the short chaos
+# Every test (the Schema Registry's with the stack's Apicurio, started here; tests/fuzz.rs, the
+# fuzz targets on stable), the fuzz targets under libFuzzer for FUZZ_TEST_SECONDS each, the short chaos
 # subset (and its hard bounce under the inbox strategy and with commit groups), a short
 # out-of-order order-status stream (versioned writes, full-state and delta), a short demo run
 # (10 s at 500 msg/s) that must verify, its outbox walk, and 10 s of it in Avro through the
@@ -70,6 +71,7 @@ test:
 	$(MAKE) --no-print-directory monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) scripts/test.sh $(DEBUG_FEATURES)
+	FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) scripts/fuzz.sh
 	$(WITH_ENV) target/debug/loadgen chaos --quick
 	$(WITH_ENV) target/debug/loadgen chaos --quick --strategy inbox --scenario hard-bounce
 	$(WITH_ENV) target/debug/loadgen chaos --quick --group-partitions --scenario hard-bounce
@@ -114,6 +116,9 @@ microbench:
 # (cargo-fuzz installed if missing). No services needed. A crash is copied into
 # fuzz/regressions/<target>/, which tests/fuzz.rs replays in `make test`.
 FUZZ_SECONDS ?= 600
+# make test's short budget. The first run builds the targets on nightly (the engine and its C
+# libraries again, in release: measured in docs/RELIABILITY.md); later runs only relink.
+FUZZ_TEST_SECONDS ?= 15
 fuzz:
 	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh $(FUZZ_TARGETS)
 

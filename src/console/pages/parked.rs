@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use askama::Template;
-use axum::extract::{self, State};
+use axum::extract::{Query, State};
 use axum::http::Uri;
 use axum::response::Response;
 use chrono::{DateTime, Datelike, NaiveDateTime, Utc};
@@ -153,7 +153,7 @@ struct Row {
 }
 
 /// What the list's query asks for: the filter and the two cursors.
-pub(crate) struct Query {
+pub(crate) struct ListQuery {
     pub filter: Filter,
     pub dl_before: Option<i64>,
     pub ib_before: Option<i64>,
@@ -164,14 +164,14 @@ pub(crate) struct Query {
 impl Params {
     /// The filter and the cursors, checked: the whole of the list's input checking, apart
     /// from the database (fuzzed by [`crate::console::fuzzing`]).
-    pub(crate) fn parse(&self) -> Result<Query, ConsoleError> {
+    pub(crate) fn parse(&self) -> Result<ListQuery, ConsoleError> {
         let at = |v: &Option<String>, name: &str| {
             given(v)
                 .map(|t| DateTime::parse_from_rfc3339(t).map(|t| t.with_timezone(&Utc)))
                 .transpose()
                 .map_err(|_| ConsoleError::BadRequest(format!("{name} is malformed")))
         };
-        Ok(Query {
+        Ok(ListQuery {
             filter: self.filter.filter()?,
             dl_before: number(&self.dl_before, "dl_before")?,
             ib_before: number(&self.ib_before, "ib_before")?,
@@ -190,10 +190,10 @@ fn number(v: &Option<String>, name: &str) -> Result<Option<i64>, ConsoleError> {
 
 pub async fn list(
     State(s): State<Arc<Shared>>,
-    extract::Query(p): extract::Query<Params>,
+    Query(p): Query<Params>,
     uri: Uri,
 ) -> Result<Response, ConsoleError> {
-    let Query {
+    let ListQuery {
         filter: f,
         dl_before,
         ib_before,
