@@ -11,7 +11,7 @@ WITH_ENV := source $(STACK_DIR)/env &&
 
 .PHONY: up down status build migrate lint test demo bench microbench chaos chaos-cluster chaos-net net-deps \
 	cluster-up cluster-down \
-	registry-up registry-down jaeger-up jaeger-down soak
+	registry-up registry-down jaeger-up jaeger-down soak fuzz
 
 up:
 	@$(STACK) up >/dev/null
@@ -55,7 +55,8 @@ deploy-check:
 # Debug builds carry the chaos failpoints (inert unless FAILPOINTS is set); release never does.
 DEBUG_FEATURES := --features effectively/failpoints
 
-# Every test (the Schema Registry's with the stack's Apicurio, started here), the short chaos
+# Every test (the Schema Registry's with the stack's Apicurio, started here; tests/fuzz.rs, the
+# fuzz targets on stable with proptest: `make fuzz` runs them under libFuzzer), the short chaos
 # subset (and its hard bounce under the inbox strategy and with commit groups), chaos-net's quick
 # scenario (a worker cut off from PostgreSQL for 15 s), 3 minutes of the soak at 500 msg/s (a
 # worker SIGKILL, a PostgreSQL restart, a link cut, a broker restart), a short
@@ -113,6 +114,18 @@ bench: up
 # Criterion micro-benchmarks of the per-record hot paths (no services needed).
 microbench:
 	cargo bench --bench hot_paths
+
+# Fuzzing (scripts/fuzz.sh; docs/RELIABILITY.md, "Fuzzed input"): every cargo-fuzz target of
+# fuzz/ (the record decoder, the registry formats' decoders, the config loader, the console's
+# queries and forms) under libFuzzer for FUZZ_SECONDS each, on the nightly toolchain
+# (cargo-fuzz installed if missing). No services needed. A crash is copied into
+# fuzz/regressions/<target>/, which tests/fuzz.rs replays in `make test`.
+# Not in `make test`: a cold build of the targets on nightly (the engine and its C libraries
+# again, in release) took 33 minutes on this machine. `make test`'s short budget is
+# tests/fuzz.rs: the same targets' inputs and properties under proptest on stable.
+FUZZ_SECONDS ?= 600
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh $(FUZZ_TARGETS)
 
 # Fault injection: every scenario of docs/RELIABILITY.md against real worker processes (built
 # with the failpoints feature), each verified exactly-once, with the batch strategy, then again

@@ -92,7 +92,7 @@ impl ConsoleConfig {
             (Some(var), _) => std::env::var(var).map_err(|_| {
                 format!("console.token_env: the variable {var} is not set (or not UTF-8)")
             })?,
-            (None, Some(file)) => std::fs::read_to_string(file)
+            (None, Some(file)) => super::read_small(file)
                 .map_err(|e| format!("console.token_file {}: {e}", file.display()))?
                 .lines()
                 .next()

@@ -470,7 +470,7 @@ pub(super) fn read_secret(
                 "{what}_env: the environment variable {var} is not set (or empty)"
             )),
         },
-        (None, Some(path)) => match std::fs::read_to_string(path) {
+        (None, Some(path)) => match read_small(path) {
             Ok(v) => {
                 let v = v.strip_suffix('\n').unwrap_or(&v);
                 let v = v.strip_suffix('\r').unwrap_or(v);
@@ -484,6 +484,27 @@ pub(super) fn read_secret(
         },
         (Some(_), Some(_)) => Err(format!("{what}_env and {what}_file exclude each other")),
     }
+}
+
+/// The most a secret's file may hold: far more than any password or token.
+pub const SECRET_FILE_MAX: u64 = 64 * 1024;
+
+/// Reads a secret's file as UTF-8 text, at most [`SECRET_FILE_MAX`] bytes: a path that names a
+/// device (`/dev/zero`), a log or an image by mistake is refused, rather than read until the
+/// process runs out of memory.
+pub(super) fn read_small(path: &Path) -> Result<String, String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(SECRET_FILE_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > SECRET_FILE_MAX {
+        return Err(format!(
+            "holds more than {SECRET_FILE_MAX} bytes, too much for a secret (the wrong file?)"
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())
 }
 
 #[cfg(test)]

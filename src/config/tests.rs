@@ -460,3 +460,15 @@ fn static_membership_needs_a_stable_worker_id() {
             .static_membership
     );
 }
+
+#[test]
+fn a_secret_file_that_is_not_a_secret_is_refused_not_read_whole() {
+    // A device that never ends: read whole, it would take the process's memory.
+    let text = format!(
+        "[kafka.sasl]\nmechanism = \"PLAIN\"\nusername = \"u\"\npassword_file = \"/dev/zero\"\n{MINIMAL}"
+    );
+    let e = Config::from_toml_str(&text).unwrap_err().to_string();
+    assert!(e.contains("more than 65536 bytes"), "{e}");
+    let e = read_small(Path::new("/nonexistent/secret")).unwrap_err();
+    assert!(e.contains("No such file"), "{e}");
+}

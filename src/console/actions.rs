@@ -47,7 +47,7 @@ pub struct ActionForm {
 }
 
 /// The operator's selection a form stands for.
-enum Selection {
+pub(super) enum Selection {
     DeadLetters(DeadLetters),
     Inbox(InboxRows),
     Notifications(Notifications),
@@ -101,7 +101,7 @@ impl ActionForm {
     }
 
     /// The selection, and how the confirmation names it.
-    fn selection(&self) -> Result<(Selection, String), ConsoleError> {
+    pub(super) fn selection(&self) -> Result<(Selection, String), ConsoleError> {
         let bad = |what: &str| ConsoleError::BadRequest(format!("{what} is malformed"));
         Ok(match self.verb()?.name {
             "redrive" | "discard-dead-letters" => match given(&self.id) {
@@ -176,7 +176,7 @@ impl ActionForm {
     }
 
     /// The fields to carry into the next step (not the typed number).
-    fn hidden(&self) -> Vec<(&'static str, String)> {
+    pub(super) fn hidden(&self) -> Vec<(&'static str, String)> {
         let mut pairs = vec![
             ("verb", Some(self.verb.clone())),
             ("id", self.id.clone()),

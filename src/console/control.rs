@@ -51,8 +51,22 @@ impl ScopeForm {
     /// The consumer and the scope, checked against its topics.
     fn scope<'a>(&self, s: &'a Shared) -> Result<(&'a ConsumerInfo, Scope), ConsoleError> {
         let c = find(s, given(&self.consumer))?;
-        let topic = given(&self.topic).map(str::to_string);
+        let (topic, partition) = self.parse()?;
         op::topics(&c.config, topic.as_deref()).map_err(ConsoleError::BadRequest)?;
+        Ok((
+            c,
+            Scope {
+                consumer: c.name.clone(),
+                topic,
+                partition,
+            },
+        ))
+    }
+
+    /// The topic and partition as the form gives them, before they are checked against the
+    /// consumer's topics (fuzzed by [`super::fuzzing`]).
+    pub(super) fn parse(&self) -> Result<(Option<String>, Option<i32>), ConsoleError> {
+        let topic = given(&self.topic).map(str::to_string);
         let partition = given(&self.partition)
             .map(|p| match p.parse::<i32>() {
                 Ok(n) if n >= 0 => Ok(n),
@@ -66,14 +80,7 @@ impl ScopeForm {
                 "partition {p} needs its topic"
             )));
         }
-        Ok((
-            c,
-            Scope {
-                consumer: c.name.clone(),
-                topic,
-                partition,
-            },
-        ))
+        Ok((topic, partition))
     }
 }
 
@@ -122,7 +129,7 @@ pub async fn resume(
 #[derive(Debug, Deserialize, Default, Clone)]
 pub struct ResetForm {
     #[serde(flatten)]
-    scope: ScopeForm,
+    pub(super) scope: ScopeForm,
     /// `earliest`, `latest`, `time`, `offset` or `shift`.
     kind: Option<String>,
     /// The time, the offset or the shift.
@@ -133,7 +140,7 @@ pub struct ResetForm {
 }
 
 impl ResetForm {
-    fn target(&self) -> Result<Target, ConsoleError> {
+    pub(super) fn target(&self) -> Result<Target, ConsoleError> {
         let bad = ConsoleError::BadRequest;
         if let Some(to) = given(&self.to) {
             return to
@@ -173,7 +180,7 @@ impl ResetForm {
 
     /// The fields the confirmation carries to the second step: the scope and the target as
     /// it was resolved in the first.
-    fn hidden(&self, target: Target) -> Vec<(&'static str, String)> {
+    pub(super) fn hidden(&self, target: Target) -> Vec<(&'static str, String)> {
         let f = &self.scope;
         let target = match target {
             Target::Earliest => ("to", "earliest".to_string()),

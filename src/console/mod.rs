@@ -20,6 +20,8 @@
 mod actions;
 pub mod auth;
 mod control;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod lag;
 pub mod mask;
 mod pages;

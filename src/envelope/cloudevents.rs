@@ -156,7 +156,7 @@ fn structured(value: Option<&[u8]>, content_type: &str) -> Result<Event, Rejecti
         Err(e) => {
             return Err(Rejection::new(
                 Reason::UndecodablePayload,
-                format!("a structured CloudEvent that is not valid JSON: {e}"),
+                super::format::json_error("a structured CloudEvent", &e),
             ))
         }
     };

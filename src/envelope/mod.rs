@@ -900,7 +900,7 @@ pub fn parse_object(payload: &[u8]) -> Result<Value, Rejection> {
         )),
         Err(e) => Err(Rejection::new(
             Reason::UndecodablePayload,
-            format!("payload is not valid JSON: {e}"),
+            format::json_error("payload", &e),
         )),
     }
 }

@@ -15,7 +15,11 @@ pub fn parse_since(s: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String>
         format!("--since {s:?} is neither an RFC 3339 time nor a duration such as \"2h\": {e}")
     })?;
     let ago = chrono::Duration::from_std(ago).map_err(|e| format!("--since {s:?}: {e}"))?;
-    Ok(now - ago)
+    // A duration chrono can hold may still reach back past its calendar (about 262,000
+    // years): `now - ago` would panic there, in the console's request as in the CLI.
+    now.checked_sub_signed(ago).ok_or_else(|| {
+        format!("--since {s:?} reaches back before the earliest time this engine can name")
+    })
 }
 
 /// `--key K`: the ordering key as the receiver stored it (a Kafka key or a payload field `K`
@@ -111,6 +115,10 @@ mod tests {
         assert!(parse_since("yesterday", now)
             .unwrap_err()
             .contains("--since"));
+        // Found by tests/fuzz.rs (a console query `since=1000000years`): it panicked.
+        assert!(parse_since("1000000years", now)
+            .unwrap_err()
+            .contains("before the earliest time"));
     }
 
     #[test]

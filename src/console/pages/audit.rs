@@ -30,6 +30,23 @@ struct Page {
     next: Option<String>,
 }
 
+impl Params {
+    /// The action to report and the page's cursor, as the query gives them: the whole of the
+    /// page's input checking, apart from the database (fuzzed by [`crate::console::fuzzing`]).
+    pub(crate) fn parse(&self) -> Result<(Option<uuid::Uuid>, Option<i64>), ConsoleError> {
+        let bad = |w: &str| ConsoleError::BadRequest(format!("{w} is malformed"));
+        let action = given(&self.action)
+            .map(str::parse)
+            .transpose()
+            .map_err(|_| bad("action"))?;
+        let before = given(&self.before)
+            .map(str::parse)
+            .transpose()
+            .map_err(|_| bad("before"))?;
+        Ok((action, before))
+    }
+}
+
 /// An audit row's cells, as the audit page and a consumer's page list them.
 pub(crate) fn cells(r: AuditRow) -> [String; 7] {
     [
@@ -52,15 +69,7 @@ pub async fn page(
     Query(p): Query<Params>,
     uri: Uri,
 ) -> Result<Response, ConsoleError> {
-    let bad = |w: &str| ConsoleError::BadRequest(format!("{w} is malformed"));
-    let action: Option<uuid::Uuid> = given(&p.action)
-        .map(str::parse)
-        .transpose()
-        .map_err(|_| bad("action"))?;
-    let before: Option<i64> = given(&p.before)
-        .map(str::parse)
-        .transpose()
-        .map_err(|_| bad("before"))?;
+    let (action, before) = p.parse()?;
     let limit = s.settings.page_size as i64;
     let db = s.db().await?;
     let done = match action {

@@ -85,6 +85,17 @@ struct PauseRow {
 }
 
 /// The consumer `name` of the config, or 404.
+impl Params {
+    /// The action just done, as the query gives it (the consumer's name is looked up among
+    /// the configured ones by [`find`]).
+    pub(crate) fn parse(&self) -> Result<Option<uuid::Uuid>, ConsoleError> {
+        given(&self.action)
+            .map(str::parse)
+            .transpose()
+            .map_err(|_| ConsoleError::BadRequest("action is malformed".into()))
+    }
+}
+
 pub(crate) fn find<'a>(
     s: &'a Shared,
     name: Option<&str>,
@@ -235,10 +246,7 @@ pub async fn page(
     uri: Uri,
 ) -> Result<Response, ConsoleError> {
     let consumer = find(&s, given(&p.name))?;
-    let action: Option<uuid::Uuid> = given(&p.action)
-        .map(str::parse)
-        .transpose()
-        .map_err(|_| ConsoleError::BadRequest("action is malformed".into()))?;
+    let action = p.parse()?;
     let (v, kafka_error) = view(&s, consumer).await?;
     let db = s.db().await?;
     let now = Utc::now();

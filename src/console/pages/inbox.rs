@@ -70,6 +70,25 @@ fn number<T: std::str::FromStr>(v: &Option<String>, name: &str) -> Result<Option
         .map_err(|_| ConsoleError::BadRequest(format!("{name} must be a number")))
 }
 
+impl Params {
+    /// The status tab and the cursor, as the query gives them (the consumer defaults to the
+    /// first inbox consumer, which the page knows).
+    pub(crate) fn parse(&self) -> Result<(String, InboxCursor), ConsoleError> {
+        let status = given(&self.status).unwrap_or("FAILED").to_uppercase();
+        if !INBOX_STATUSES.contains(&status.as_str()) {
+            return Err(ConsoleError::BadRequest(format!(
+                "status must be one of {INBOX_STATUSES:?}"
+            )));
+        }
+        let cursor = InboxCursor {
+            seq: number(&self.after_seq, "after_seq")?,
+            aggregate: given(&self.after_aggregate).map(str::to_string),
+            version: number(&self.after_version, "after_version")?,
+        };
+        Ok((status, cursor))
+    }
+}
+
 pub async fn page(
     State(s): State<Arc<Shared>>,
     Query(p): Query<Params>,
@@ -83,17 +102,7 @@ pub async fn page(
         .or(inbox_consumers.first().copied())
         .unwrap_or_default()
         .to_string();
-    let status = given(&p.status).unwrap_or("FAILED").to_uppercase();
-    if !INBOX_STATUSES.contains(&status.as_str()) {
-        return Err(ConsoleError::BadRequest(format!(
-            "status must be one of {INBOX_STATUSES:?}"
-        )));
-    }
-    let cursor = InboxCursor {
-        seq: number(&p.after_seq, "after_seq")?,
-        aggregate: given(&p.after_aggregate).map(str::to_string),
-        version: number(&p.after_version, "after_version")?,
-    };
+    let (status, cursor) = p.parse()?;
     let db = s.db().await?;
     let now = Utc::now();
     let limit = s.settings.page_size as i64;

@@ -38,30 +38,40 @@ struct Page {
     next: Option<String>,
 }
 
+impl Params {
+    /// The status tab, the channel and the cursor, as the query gives them.
+    pub(crate) fn parse(
+        &self,
+    ) -> Result<(String, Option<String>, NotificationCursor), ConsoleError> {
+        let status = given(&self.status).unwrap_or("FAILED").to_uppercase();
+        if !NOTIFICATION_STATUSES.contains(&status.as_str()) {
+            return Err(ConsoleError::BadRequest(format!(
+                "status must be one of {NOTIFICATION_STATUSES:?}"
+            )));
+        }
+        let channel = given(&self.channel).map(str::to_string);
+        let bad = |what: &str| ConsoleError::BadRequest(format!("{what} is malformed"));
+        let cursor = NotificationCursor {
+            created_at: given(&self.after_created)
+                .map(|t| DateTime::parse_from_rfc3339(t).map(|t| t.with_timezone(&Utc)))
+                .transpose()
+                .map_err(|_| bad("after_created"))?,
+            event_id: given(&self.after_event)
+                .map(str::parse)
+                .transpose()
+                .map_err(|_| bad("after_event"))?,
+            channel: given(&self.after_channel).map(str::to_string),
+        };
+        Ok((status, channel, cursor))
+    }
+}
+
 pub async fn page(
     State(s): State<Arc<Shared>>,
     Query(p): Query<Params>,
     uri: Uri,
 ) -> Result<Response, ConsoleError> {
-    let status = given(&p.status).unwrap_or("FAILED").to_uppercase();
-    if !NOTIFICATION_STATUSES.contains(&status.as_str()) {
-        return Err(ConsoleError::BadRequest(format!(
-            "status must be one of {NOTIFICATION_STATUSES:?}"
-        )));
-    }
-    let channel = given(&p.channel).map(str::to_string);
-    let bad = |what: &str| ConsoleError::BadRequest(format!("{what} is malformed"));
-    let cursor = NotificationCursor {
-        created_at: given(&p.after_created)
-            .map(|t| DateTime::parse_from_rfc3339(t).map(|t| t.with_timezone(&Utc)))
-            .transpose()
-            .map_err(|_| bad("after_created"))?,
-        event_id: given(&p.after_event)
-            .map(str::parse)
-            .transpose()
-            .map_err(|_| bad("after_event"))?,
-        channel: given(&p.after_channel).map(str::to_string),
-    };
+    let (status, channel, cursor) = p.parse()?;
     let limit = s.settings.page_size as i64;
     let db = s.db().await?;
     let now = Utc::now();

@@ -37,16 +37,24 @@ pub(crate) fn json_cell(s: &Shared, mut v: serde_json::Value) -> String {
     short(&v.to_string(), 200)
 }
 
+impl Params {
+    /// Which list, and the cursor, as the query gives them.
+    pub(crate) fn parse(&self) -> Result<(bool, Option<i64>), ConsoleError> {
+        let published = given(&self.published).is_some_and(|v| v == "1" || v == "true");
+        let after = given(&self.after)
+            .map(str::parse::<i64>)
+            .transpose()
+            .map_err(|_| ConsoleError::BadRequest("after must be a number".into()))?;
+        Ok((published, after))
+    }
+}
+
 pub async fn page(
     State(s): State<Arc<Shared>>,
     Query(p): Query<Params>,
     uri: Uri,
 ) -> Result<Response, ConsoleError> {
-    let published = given(&p.published).is_some_and(|v| v == "1" || v == "true");
-    let after = given(&p.after)
-        .map(str::parse::<i64>)
-        .transpose()
-        .map_err(|_| ConsoleError::BadRequest("after must be a number".into()))?;
+    let (published, after) = p.parse()?;
     let limit = s.settings.page_size as i64;
     let db = s.db().await?;
     let items = browse::outbox_page(&**db, published, after, limit).await?;

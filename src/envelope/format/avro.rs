@@ -26,6 +26,12 @@ use serde_json::{Map, Number, Value};
 
 use super::SchemaText;
 
+/// How deep a record may nest and still be decoded on the caller's stack.
+const SHALLOW: usize = 16;
+/// The stack of the thread that decodes deeper records: room for [`super::MAX_DEPTH`] levels
+/// in a debug build, with a margin (reserved, not committed, until used).
+const DEEP_STACK: usize = 32 << 20;
+
 /// A writer's schema and the named types it (and its references) define.
 pub struct AvroSchema {
     schema: Schema,
@@ -57,7 +63,31 @@ impl AvroSchema {
         })
     }
 
-    pub fn decode(&self, mut body: &[u8]) -> Result<Value, String> {
+    pub fn decode(&self, body: &[u8]) -> Result<Value, String> {
+        // Depth, lengths and counts first: apache-avro recurses and allocates as the bytes say.
+        let depth = super::avro_bounds::check(&self.schema, &self.named, body)?;
+        if depth <= SHALLOW {
+            return self.decode_walked(body);
+        }
+        // apache-avro's decoder takes about 10 KB of stack a frame and three frames a level in
+        // a debug build (less optimised), so a record within the bound but deeper than SHALLOW
+        // could still overflow a 2 MiB tokio worker's stack: it gets a thread with room for
+        // the bound. Such records are rare; the thread costs tens of microseconds.
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("avro-deep".into())
+                .stack_size(DEEP_STACK)
+                .spawn_scoped(scope, || self.decode_walked(body))
+                .map_err(|e| {
+                    format!("Avro: no thread to decode a record {depth} levels deep: {e}")
+                })?
+                .join()
+                .unwrap_or_else(|_| Err("Avro: decoding the record panicked".into()))
+        })
+    }
+
+    /// [`AvroSchema::decode`] once the bytes are known to stay within the bounds.
+    fn decode_walked(&self, mut body: &[u8]) -> Result<Value, String> {
         // Built per record: it borrows the schema (as the older from_avro_datum did inside).
         let reader = apache_avro::reader::datum::GenericDatumReader::builder(&self.schema)
             .writer_schemata(
@@ -315,6 +345,28 @@ mod tests {
             references: vec![],
         })
         .unwrap()
+    }
+
+    #[test]
+    fn bytes_that_claim_more_than_they_hold_are_refused_before_decoding() {
+        let list = compile(
+            r#"{"type": "record", "name": "Node", "fields": [
+                {"name": "next", "type": ["null", "Node"]}]}"#,
+        );
+        // 127 levels decode (on a thread of their own past SHALLOW); 200,000 are refused.
+        let mut deep = vec![2u8; 127];
+        deep.push(0);
+        assert!(list.decode(&deep).is_ok());
+        let e = list.decode(&[2u8; 200_000]).unwrap_err();
+        assert!(e.contains("deeper than 128 levels"), "{e}");
+
+        // A block of 10 million nulls in 5 bytes; a string of 1 GiB in 5.
+        let nulls = compile(r#"{"type": "array", "items": "null"}"#);
+        let e = nulls.decode(&[0x80, 0xda, 0xc4, 0x09, 0]).unwrap_err();
+        assert!(e.contains("more than 4101 items"), "{e}");
+        let string = compile(r#""string""#);
+        let e = string.decode(&[0x80, 0x80, 0x80, 0x80, 0x08]).unwrap_err();
+        assert!(e.contains("bytes end before the record does"), "{e}");
     }
 
     #[test]

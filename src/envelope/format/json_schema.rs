@@ -59,8 +59,8 @@ impl JsonSchema {
     }
 
     pub fn decode(&self, body: &[u8]) -> Result<Value, String> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| format!("JSON Schema: not JSON: {e}"))?;
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|e| format!("JSON Schema: {}", super::json_error("the value", &e)))?;
         if let Some(v) = &self.validator {
             if let Some(e) = v.iter_errors(&value).next() {
                 let at = e.instance_path().to_string();
@@ -110,7 +110,10 @@ mod tests {
         let mut bad = good.clone();
         bad["occurred_at"] = "yesterday".into();
         assert!(s.decode(bad.to_string().as_bytes()).is_err());
-        assert!(s.decode(b"not json").unwrap_err().contains("not JSON"));
+        assert!(s
+            .decode(b"not json")
+            .unwrap_err()
+            .contains("not valid JSON"));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! and compiles schemas, [`super`] turns what fails here into a parked record's reason.
 
 pub mod avro;
+mod avro_bounds;
 pub mod json_schema;
 pub mod protobuf;
 
@@ -22,6 +23,27 @@ use crate::config::PayloadFormat;
 pub const MAGIC: u8 = 0;
 /// Magic byte and schema id.
 pub const HEADER: usize = 5;
+
+/// How deep a payload's values may nest (objects and arrays; Avro records, arrays and maps),
+/// in every format: serde_json's own recursion limit, which JSON and JSON Schema payloads meet
+/// in the parser, and the bound [`avro_bounds`] puts on Avro (Protobuf's decoder has its own
+/// limit of 100 nested messages). Deeper payloads are parked as undecodable, with this number
+/// in the reason, rather than followed down the worker's stack.
+pub const MAX_DEPTH: usize = 128;
+
+/// Why `what` did not parse as JSON, in the operator's words: serde_json's "recursion limit
+/// exceeded" says which limit.
+pub fn json_error(what: &str, e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    if text.starts_with("recursion limit exceeded") {
+        format!(
+            "{what} is nested deeper than {MAX_DEPTH} levels (objects and arrays within each \
+             other), the most the engine parses ({text})"
+        )
+    } else {
+        format!("{what} is not valid JSON: {text}")
+    }
+}
 
 /// A schema's kind, as the registry names it (`schemaType`, absent for Avro).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,6 +27,10 @@ const JSON: SerializeOptions = SerializeOptions::new()
     .use_proto_field_name(true)
     .skip_default_fields(false);
 
+/// prost's recursion limit (its default, `RECURSION_LIMIT`), which bounds how deep a record's
+/// messages may nest.
+const PROST_DEPTH: usize = 100;
+
 pub struct ProtoSchema {
     /// The file's top-level messages, in order: the message-index list starts here.
     messages: Vec<MessageDescriptor>,
@@ -78,8 +82,17 @@ impl ProtoSchema {
     pub fn decode(&self, body: &[u8]) -> Result<Value, String> {
         let (path, rest) = indexes(body)?;
         let desc = self.message(&path)?;
-        let msg = DynamicMessage::decode(desc.clone(), rest)
-            .map_err(|e| format!("Protobuf: {} does not decode: {e}", desc.full_name()))?;
+        let msg = DynamicMessage::decode(desc.clone(), rest).map_err(|e| {
+            let name = desc.full_name();
+            match e.to_string() {
+                // prost's own bound (prost-reflect decodes with prost's DecodeContext).
+                t if t.contains("recursion limit") => format!(
+                    "Protobuf: {name} nests messages deeper than {PROST_DEPTH} levels, the most \
+                     the decoder follows ({t})"
+                ),
+                t => format!("Protobuf: {name} does not decode: {t}"),
+            }
+        })?;
         if let Some(f) = unknown(&msg) {
             return Err(format!(
                 "Protobuf: {} has no field number {f}: the bytes were written with another schema",
