@@ -47,15 +47,6 @@ impl std::ops::Deref for ClusterArgs {
     }
 }
 
-impl ClusterArgs {
-    fn label(&self) -> &'static str {
-        match self.strategy {
-            StrategyArg::Batch => "batch",
-            StrategyArg::Inbox => "inbox",
-        }
-    }
-}
-
 const ALL: &[&str] = &[
     "kafka-clean-bounce",
     "kafka-hard-bounce",
@@ -149,7 +140,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<bool> {
     let mut results: Vec<ClusterResult> = Vec::new();
     for name in names {
         let seed = args.seed();
-        eprintln!("== {name} [{}] (seed {seed})", args.label());
+        eprintln!("== {name} [{}] (seed {seed})", args.strategy_name());
         let prepared = prepare(&cluster, name).await;
         let outcome = match prepared {
             Ok(()) => scenario(&cluster, &bin, &args, name, seed).await,
@@ -157,7 +148,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<bool> {
         };
         let r = outcome.unwrap_or_else(|e| ClusterResult {
             name: name.into(),
-            strategy: args.label().into(),
+            strategy: args.strategy_name().into(),
             seed,
             target_s: target_s(name),
             note: format!("harness error: {e:#}"),
@@ -171,19 +162,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<bool> {
             break;
         }
     }
-    let path = args.out.join(match args.label() {
-        "batch" => "cluster-report.json".to_string(),
-        other => format!("cluster-report-{other}.json"),
-    });
-    std::fs::write(&path, serde_json::to_string_pretty(&results)? + "\n")?;
-    let passed = results.iter().filter(|r| r.passed).count();
-    println!(
-        "chaos-cluster [{}]: {passed} passed, {} failed",
-        args.label(),
-        results.len() - passed
-    );
-    eprintln!("report: {}", path.display());
-    Ok(passed == results.len())
+    args.write_report("chaos-cluster", "cluster-report", &results, |r| r.passed)
 }
 
 fn print_result(r: &ClusterResult) {
@@ -327,7 +306,7 @@ async fn scenario(
     }
     Ok(ClusterResult {
         name: name.into(),
-        strategy: args.label().into(),
+        strategy: args.strategy_name().into(),
         seed,
         counts: j.counts.clone(),
         kafka_ahead_after_loss: (name == "pg-async-loss").then_some(j.ahead_after_loss),

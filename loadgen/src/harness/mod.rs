@@ -63,6 +63,38 @@ impl HarnessArgs {
         Ok(names)
     }
 
+    /// `batch` or `inbox`: the strategy's name in reports and topics.
+    pub fn strategy_name(&self) -> &'static str {
+        match self.strategy {
+            StrategyArg::Batch => "batch",
+            StrategyArg::Inbox => "inbox",
+        }
+    }
+
+    /// Writes `results` to `<out>/<base>.json` (`<base>-inbox.json` under the inbox) and
+    /// prints `<command> [strategy]: N passed, M failed`; true if every one passed.
+    pub(crate) fn write_report<T: serde::Serialize>(
+        &self,
+        command: &str,
+        base: &str,
+        results: &[T],
+        passed: impl Fn(&T) -> bool,
+    ) -> anyhow::Result<bool> {
+        let path = self.out.join(match self.strategy {
+            StrategyArg::Batch => format!("{base}.json"),
+            StrategyArg::Inbox => format!("{base}-inbox.json"),
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(results)? + "\n")?;
+        let n = results.iter().filter(|r| passed(r)).count();
+        println!(
+            "{command} [{}]: {n} passed, {} failed",
+            self.strategy_name(),
+            results.len() - n
+        );
+        eprintln!("report: {}", path.display());
+        Ok(n == results.len())
+    }
+
     /// The seed of the next scenario: `--seed`, or a random one.
     pub fn seed(&self) -> u64 {
         self.seed.unwrap_or_else(|| fastrand::u64(..))

@@ -42,15 +42,6 @@ impl std::ops::Deref for NetArgs {
     }
 }
 
-impl NetArgs {
-    fn label(&self) -> &'static str {
-        match self.strategy {
-            StrategyArg::Batch => "batch",
-            StrategyArg::Inbox => "inbox",
-        }
-    }
-}
-
 const ALL: &[&str] = &[
     "latency",
     "loss",
@@ -96,12 +87,12 @@ pub async fn run(args: NetArgs) -> anyhow::Result<bool> {
     let mut results: Vec<NetResult> = Vec::new();
     for name in names {
         let seed = args.seed();
-        eprintln!("== {name} [{}] (seed {seed})", args.label());
+        eprintln!("== {name} [{}] (seed {seed})", args.strategy_name());
         let r = scenario(&links, &bin, &args, name, seed)
             .await
             .unwrap_or_else(|e| NetResult {
                 name: name.into(),
-                strategy: args.label().into(),
+                strategy: args.strategy_name().into(),
                 seed,
                 target_s: TARGET_S,
                 note: format!("harness error: {e:#}"),
@@ -116,19 +107,7 @@ pub async fn run(args: NetArgs) -> anyhow::Result<bool> {
     for l in links {
         l.destroy().await;
     }
-    let path = args.out.join(match args.label() {
-        "batch" => "net-report.json".to_string(),
-        other => format!("net-report-{other}.json"),
-    });
-    std::fs::write(&path, serde_json::to_string_pretty(&results)? + "\n")?;
-    let passed = results.iter().filter(|r| r.passed).count();
-    println!(
-        "chaos-net [{}]: {passed} passed, {} failed",
-        args.label(),
-        results.len() - passed
-    );
-    eprintln!("report: {}", path.display());
-    Ok(passed == results.len())
+    args.write_report("chaos-net", "net-report", &results, |r| r.passed)
 }
 
 fn print_result(r: &NetResult) {
@@ -215,7 +194,7 @@ async fn scenario(
     j.notes.splice(0..0, f.notes);
     Ok(NetResult {
         name: name.into(),
-        strategy: args.label().into(),
+        strategy: args.strategy_name().into(),
         seed,
         counts: j.counts.clone(),
         recover_s: j.recover_s,

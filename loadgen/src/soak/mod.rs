@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use crate::chaos::Worker;
 use crate::harness::watch::{self, now_s};
-use crate::harness::{HarnessArgs, StrategyArg};
+use crate::harness::HarnessArgs;
 use crate::net::{Link, Ports};
 use crate::produce::{Mix, Step};
 use crate::session::LagWatcher;
@@ -193,10 +193,7 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<bool> {
     std::fs::write(&config, processes::config(&names, args.strategy))?;
     let spec = stream(&args, &topic, args.rate, seed);
     let notify_spec = stream(&args, &notify_topic, args.notify_rate, rng.u64(..));
-    let strategy = match args.strategy {
-        StrategyArg::Batch => "batch",
-        StrategyArg::Inbox => "inbox",
-    };
+    let strategy = args.strategy_name();
     eprintln!(
         "soak {topic} (seed {seed}, {strategy}): {} msg/s (and {} msg/s notifying) for {:.0} s, \
          a fault every {:.0} s ({} faults), a sample every {:.0} s, warm-up {:.0} s",
