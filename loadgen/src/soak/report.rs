@@ -205,7 +205,7 @@ impl SoakReport {
         for t in &self.trends {
             eprintln!(
                 "trend {}: median {} {}, slope {}/h over {} points ({} groups), growth over the \
-                 run {} (limit {}){}{}",
+                 run {} (at least {}, limit {}){}{}",
                 t.series,
                 t.median,
                 t.unit,
@@ -213,6 +213,7 @@ impl SoakReport {
                 t.points,
                 t.groups,
                 t.growth_over_run.map_or("-".into(), |g| format!("{g:+.2}")),
+                t.growth_at_least.map_or("-".into(), |g| format!("{g:+.2}")),
                 t.limit,
                 if t.passed { "" } else { "  FAIL" },
                 if t.note.is_empty() || !t.passed {
