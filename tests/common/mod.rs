@@ -172,11 +172,24 @@ handler = {handler}
     Config::from_toml_str(&text).expect("test config")
 }
 
+/// The engine's logs (`RUST_LOG`, by default its own at info) in the test's captured output,
+/// which cargo prints only for a test that failed: a timeout then says what the worker did.
+/// librdkafka's own threads are not the test's, so its lines are left out by default.
+pub fn logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("effectively=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 pub async fn start(config: Config) -> Worker {
     start_with(config, Registry::new()).await
 }
 
 pub async fn start_with(config: Config, registry: Registry) -> Worker {
+    logs();
     Worker::start(config, registry)
         .await
         .expect("worker starts")
