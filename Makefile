@@ -83,7 +83,7 @@ test:
 	$(WITH_ENV) target/debug/loadgen chaos --quick --group-partitions --scenario hard-bounce
 	$(MAKE) --no-print-directory net-deps
 	$(WITH_ENV) target/debug/loadgen chaos-net --quick
-	{ STACK_DIR=$(SOAK_STACK) $(STACK) up >/dev/null && source $(SOAK_STACK)/env && \
+	{ export STACK_DIR=$(SOAK_STACK) && $(STACK) up >/dev/null && source $(SOAK_STACK)/env && \
 	  target/debug/effectively migrate >/dev/null && \
 	  SOAK_DURATION=3m target/debug/loadgen soak --rate 500; } >target/soak-test.log 2>&1 & soak=$$!; \
 	echo "soak: 3 minutes at 500 msg/s on $(SOAK_STACK), beside the runs below (log: target/soak-test.log)"; \
