@@ -46,18 +46,19 @@ fn of_types(typed: bool, alias: &str) -> String {
 }
 
 // `$1`: the event types served, `$2`: the limit. [typed, all].
-// The heads (each aggregate's lowest unpublished `seq` of the types served) are found by
-// skipping through `outbox_unpublished_heads` in (aggregate_id, seq) order: `aggs` steps from
-// one aggregate with unpublished rows to the next (one index probe each; PostgreSQL 15 has no
-// skip scan of its own), and each aggregate's head is its first entry of the types served.
-// The oldest `$2` heads are locked. The claim's cost follows the aggregates with unpublished
-// rows, not the backlog: a pass over every unpublished row (V15's `DISTINCT ON`) sorted the
-// whole backlog at every claim, 1.05 s for 484,773 rows over 900 aggregates on an idle machine
-// and over 3 minutes in the soak after a PostgreSQL restart, so a relay behind at 2,000 msg/s
-// fell further behind with every round; this claim takes 0.15 s there (2026-12-07).
-// `published_at IS NULL` is checked again on the locked row: a head another relay published
-// since this statement's snapshot is left out.
-static CLAIM_HEADS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+// The ids of the oldest `$2` heads (each aggregate's lowest unpublished `seq` of the types
+// served), found by skipping through `outbox_unpublished_heads` in (aggregate_id, seq) order:
+// `aggs` steps from one aggregate with unpublished rows to the next (one index probe each;
+// PostgreSQL 15 has no skip scan of its own), and each aggregate's head is its first entry of
+// the types served. The claim's cost follows the aggregates with unpublished rows, not the
+// backlog: a pass over every unpublished row (V15's `DISTINCT ON`) sorted the whole backlog at
+// every claim, 1.05 s for 484,773 rows over 900 aggregates on an idle machine, so a relay
+// behind at 2,000 msg/s fell further behind with every round; this takes 0.15 s there.
+// Reading only: the heads are locked by `LOCK_HEADS_SQL`, by id. One statement that joined the
+// heads to `outbox` to lock them let the planner pick the join, and a plan made while the table
+// was small (a scan of every unpublished row for each head) held one claim for over 6 minutes
+// in the soak (2026-12-07).
+static HEADS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
     [true, false].map(|typed| {
         format!(
             "WITH RECURSIVE aggs(aggregate_id) AS (
@@ -67,20 +68,27 @@ static CLAIM_HEADS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(
                  SELECT (SELECT h.aggregate_id FROM outbox h
                          WHERE h.published_at IS NULL AND h.aggregate_id > a.aggregate_id
                          ORDER BY h.aggregate_id LIMIT 1)
-                 FROM aggs a WHERE a.aggregate_id IS NOT NULL),
-             heads AS (
-                 SELECT head.id FROM aggs a
-                 CROSS JOIN LATERAL (
-                     SELECT h.id FROM outbox h
-                     WHERE h.aggregate_id = a.aggregate_id AND h.published_at IS NULL AND {h}
-                     ORDER BY h.seq LIMIT 1) head)
-             SELECT {COLUMNS} FROM outbox o
-             WHERE o.id IN (SELECT id FROM heads) AND o.published_at IS NULL
-             ORDER BY o.seq LIMIT $2
-             FOR UPDATE OF o SKIP LOCKED",
+                 FROM aggs a WHERE a.aggregate_id IS NOT NULL)
+             SELECT head.id FROM aggs a
+             CROSS JOIN LATERAL (
+                 SELECT h.id, h.seq FROM outbox h
+                 WHERE h.aggregate_id = a.aggregate_id AND h.published_at IS NULL AND {h}
+                 ORDER BY h.seq LIMIT 1) head
+             ORDER BY head.seq LIMIT $2",
             h = of_types(typed, "h"),
         )
     })
+});
+
+// Locks the heads `$1` found. `published_at IS NULL` is checked again on the locked row: a head
+// another relay published since is left out, and one another relay holds is skipped.
+static LOCK_HEADS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {COLUMNS} FROM outbox o
+         WHERE o.id = ANY($1) AND o.published_at IS NULL
+         ORDER BY o.seq
+         FOR UPDATE OF o SKIP LOCKED"
+    )
 });
 
 // The rows behind the heads this transaction locked (`$2` aggregates, `$3` the heads' ids).
@@ -120,13 +128,19 @@ pub async fn claim(
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
     let which = types.is_none() as usize;
-    let stmt = tx.prepare_cached(&CLAIM_HEADS[which]).await?;
-    let mut rows: Vec<Row> = tx
-        .query(&stmt, &[&types, &limit])
-        .await?
-        .iter()
-        .map(row)
+    // Planned at every claim for the outbox as it is now: a plan cached while it was small would
+    // outlive the backlog it was not made for.
+    tx.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        .await?;
+    let stmt = tx.prepare_cached(&HEADS[which]).await?;
+    let found: Vec<Uuid> = (tx.query(&stmt, &[&types, &limit]).await?.iter())
+        .map(|r| r.get(0))
         .collect();
+    if found.is_empty() {
+        return Ok(Vec::new());
+    }
+    let stmt = tx.prepare_cached(&LOCK_HEADS_SQL).await?;
+    let mut rows: Vec<Row> = tx.query(&stmt, &[&found]).await?.iter().map(row).collect();
     let room = limit - rows.len() as i64;
     if !rows.is_empty() && room > 0 {
         let mut aggregates: Vec<&str> = rows.iter().map(|r| r.aggregate_id.as_str()).collect();
