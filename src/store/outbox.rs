@@ -80,13 +80,13 @@ static HEADS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
     })
 });
 
-// Locks the heads `$1` found. `published_at IS NULL` is checked again on the locked row: a head
-// another relay published since is left out, and one another relay holds is skipped.
+// Locks the heads `$1` found (by their ids; in no order: SKIP LOCKED waits for nobody, and
+// `claim` sorts what it took). `published_at IS NULL` is checked again on the locked row: a
+// head another relay published since is left out, and one another relay holds is skipped.
 static LOCK_HEADS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "SELECT {COLUMNS} FROM outbox o
          WHERE o.id = ANY($1) AND o.published_at IS NULL
-         ORDER BY o.seq
          FOR UPDATE OF o SKIP LOCKED"
     )
 });
@@ -128,15 +128,21 @@ pub async fn claim(
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
     let which = types.is_none() as usize;
-    // Planned at every claim for the outbox as it is now: a plan cached while it was small would
-    // outlive the backlog it was not made for.
-    tx.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan")
+    // Planned at every claim for the outbox as it is now (a plan cached while it was small would
+    // outlive the backlog it was not made for), and without sorts: every step here has an index
+    // in the order it needs. The planner's estimates of the partial indexes lag the outbox: once
+    // a relay caught up, the unpublished rows look like none, and it then looked each head up by
+    // reading every unpublished row of the type and sorting them, for every aggregate (a claim of
+    // 2,000 heads ran 9 s, and the next ones minutes, in the soak: the backlog then grew while
+    // each claim held back vacuum's horizon). Sorts stay off until the claim's end.
+    tx.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_sort = off")
         .await?;
     let stmt = tx.prepare_cached(&HEADS[which]).await?;
     let found: Vec<Uuid> = (tx.query(&stmt, &[&types, &limit]).await?.iter())
         .map(|r| r.get(0))
         .collect();
     if found.is_empty() {
+        tx.batch_execute("SET LOCAL enable_sort = on").await?;
         return Ok(Vec::new());
     }
     let stmt = tx.prepare_cached(&LOCK_HEADS_SQL).await?;
@@ -153,6 +159,7 @@ pub async fn claim(
             .await?;
         rows.extend(more.iter().map(row));
     }
+    tx.batch_execute("SET LOCAL enable_sort = on").await?;
     rows.sort_by_key(|r| r.seq);
     Ok(rows)
 }
