@@ -45,39 +45,61 @@ fn of_types(typed: bool, alias: &str) -> String {
     }
 }
 
-// `$1`: the event types served, `$2`: the limit. [typed, all].
+// `$1`: the event types served, `$2`: the limit.
 // The ids of the oldest `$2` heads (each aggregate's lowest unpublished `seq` of the types
-// served), found by skipping through `outbox_unpublished_heads` in (aggregate_id, seq) order:
-// `aggs` steps from one aggregate with unpublished rows to the next (one index probe each;
-// PostgreSQL 15 has no skip scan of its own), and each aggregate's head is its first entry of
-// the types served. The claim's cost follows the aggregates with unpublished rows, not the
-// backlog: a pass over every unpublished row (V15's `DISTINCT ON`) sorted the whole backlog at
-// every claim, 1.05 s for 484,773 rows over 900 aggregates on an idle machine, so a relay
-// behind at 2,000 msg/s fell further behind with every round; this takes 0.15 s there.
+// served), found by skipping through an index from one aggregate with unpublished rows to the
+// next (one probe each; PostgreSQL 15 has no skip scan of its own) and taking each aggregate's
+// first entry. The claim's cost follows the aggregates with unpublished rows, not the backlog:
+// a pass over every unpublished row (V15's `DISTINCT ON`) sorted the whole backlog at every
+// claim, 1.05 s for 484,773 rows over 900 aggregates on an idle machine, so a relay behind at
+// 2,000 msg/s fell further behind with every round; skipping took 0.15 s there (2026-12-07).
 // Reading only: the heads are locked by `LOCK_HEADS_SQL`, by id. One statement that joined the
 // heads to `outbox` to lock them let the planner pick the join, and a plan made while the table
 // was small (a scan of every unpublished row for each head) held one claim for over 6 minutes
-// in the soak (2026-12-07).
+// in the soak.
 static HEADS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-    [true, false].map(|typed| {
-        format!(
-            "WITH RECURSIVE aggs(aggregate_id) AS (
-                 (SELECT h.aggregate_id FROM outbox h WHERE h.published_at IS NULL
-                  ORDER BY h.aggregate_id LIMIT 1)
-                 UNION ALL
-                 SELECT (SELECT h.aggregate_id FROM outbox h
-                         WHERE h.published_at IS NULL AND h.aggregate_id > a.aggregate_id
-                         ORDER BY h.aggregate_id LIMIT 1)
-                 FROM aggs a WHERE a.aggregate_id IS NOT NULL)
-             SELECT head.id FROM aggs a
+    // [typed, all]. Typed: the aggregates with unpublished rows of each type served, and each
+    // one's first row of that type, from `outbox_unpublished_type_heads` (V16); an aggregate's
+    // head is its first of those across the types. All: `outbox_unpublished_heads` (V15).
+    let typed = "WITH RECURSIVE aggs(event_type, aggregate_id) AS (
+             SELECT t.event_type,
+                    (SELECT h.aggregate_id FROM outbox h
+                     WHERE h.published_at IS NULL AND h.event_type = t.event_type
+                     ORDER BY h.event_type, h.aggregate_id LIMIT 1)
+             FROM unnest($1::text[]) AS t(event_type)
+             UNION ALL
+             SELECT a.event_type,
+                    (SELECT h.aggregate_id FROM outbox h
+                     WHERE h.published_at IS NULL AND h.event_type = a.event_type
+                       AND h.aggregate_id > a.aggregate_id
+                     ORDER BY h.event_type, h.aggregate_id LIMIT 1)
+             FROM aggs a WHERE a.aggregate_id IS NOT NULL),
+         firsts AS (
+             SELECT a.aggregate_id, f.id, f.seq FROM aggs a
              CROSS JOIN LATERAL (
                  SELECT h.id, h.seq FROM outbox h
-                 WHERE h.aggregate_id = a.aggregate_id AND h.published_at IS NULL AND {h}
-                 ORDER BY h.seq LIMIT 1) head
-             ORDER BY head.seq LIMIT $2",
-            h = of_types(typed, "h"),
-        )
-    })
+                 WHERE h.published_at IS NULL AND h.event_type = a.event_type
+                   AND h.aggregate_id = a.aggregate_id
+                 ORDER BY h.event_type, h.aggregate_id, h.seq LIMIT 1) f),
+         heads AS (
+             SELECT DISTINCT ON (aggregate_id) id, seq FROM firsts
+             ORDER BY aggregate_id, seq)
+         SELECT id FROM heads ORDER BY seq LIMIT $2";
+    let all = "WITH RECURSIVE aggs(aggregate_id) AS (
+             (SELECT h.aggregate_id FROM outbox h WHERE h.published_at IS NULL
+              ORDER BY h.aggregate_id LIMIT 1)
+             UNION ALL
+             SELECT (SELECT h.aggregate_id FROM outbox h
+                     WHERE h.published_at IS NULL AND h.aggregate_id > a.aggregate_id
+                     ORDER BY h.aggregate_id LIMIT 1)
+             FROM aggs a WHERE a.aggregate_id IS NOT NULL AND $1::text[] IS NULL)
+         SELECT head.id FROM aggs a
+         CROSS JOIN LATERAL (
+             SELECT h.id, h.seq FROM outbox h
+             WHERE h.aggregate_id = a.aggregate_id AND h.published_at IS NULL
+             ORDER BY h.seq LIMIT 1) head
+         ORDER BY head.seq LIMIT $2";
+    [typed.to_string(), all.to_string()]
 });
 
 // Locks the heads `$1` found (by their ids; in no order: SKIP LOCKED waits for nobody, and
