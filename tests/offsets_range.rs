@@ -348,10 +348,7 @@ impl Handler for Gated {
 /// them (a 1 KB fetch queue). When the handler is let go, the task applies what was fetched
 /// before the deletion, then librdkafka's next fetch is out of range.
 async fn lagging(policy: &str) -> (String, String, effectively::worker::Worker, Arc<Gated>) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    common::logs();
     let topic = common::unique(&format!("range-lag-{policy}"));
     let consumer = topic.clone();
     common::create_topic(&topic, 1).await;

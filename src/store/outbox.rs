@@ -92,6 +92,7 @@ static HEADS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
              SELECT (SELECT h.aggregate_id FROM outbox h
                      WHERE h.published_at IS NULL AND h.aggregate_id > a.aggregate_id
                      ORDER BY h.aggregate_id LIMIT 1)
+             -- `$1` (NULL here) is named so that the statement takes the same parameters.
              FROM aggs a WHERE a.aggregate_id IS NOT NULL AND $1::text[] IS NULL)
          SELECT head.id FROM aggs a
          CROSS JOIN LATERAL (
@@ -163,12 +164,11 @@ pub async fn claim(
     let found: Vec<Uuid> = (tx.query(&stmt, &[&types, &limit]).await?.iter())
         .map(|r| r.get(0))
         .collect();
-    if found.is_empty() {
-        tx.batch_execute("SET LOCAL enable_sort = on").await?;
-        return Ok(Vec::new());
+    let mut rows = Vec::new();
+    if !found.is_empty() {
+        let stmt = tx.prepare_cached(&LOCK_HEADS_SQL).await?;
+        rows.extend(tx.query(&stmt, &[&found]).await?.iter().map(row));
     }
-    let stmt = tx.prepare_cached(&LOCK_HEADS_SQL).await?;
-    let mut rows: Vec<Row> = tx.query(&stmt, &[&found]).await?.iter().map(row).collect();
     let room = limit - rows.len() as i64;
     if !rows.is_empty() && room > 0 {
         let mut aggregates: Vec<&str> = rows.iter().map(|r| r.aggregate_id.as_str()).collect();
