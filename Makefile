@@ -11,7 +11,7 @@ WITH_ENV := source $(STACK_DIR)/env &&
 
 .PHONY: up down status build migrate lint test demo bench microbench chaos chaos-cluster chaos-net net-deps \
 	cluster-up cluster-down \
-	registry-up registry-down jaeger-up jaeger-down soak fuzz
+	registry-up registry-down jaeger-up jaeger-down pg2-up pg2-down soak fuzz
 
 up:
 	@$(STACK) up >/dev/null
@@ -55,7 +55,8 @@ deploy-check:
 # Debug builds carry the chaos failpoints (inert unless FAILPOINTS is set); release never does.
 DEBUG_FEATURES := --features effectively/failpoints
 
-# Every test (the Schema Registry's with the stack's Apicurio, started here; tests/fuzz.rs, the
+# Every test (the Schema Registry's with the stack's Apicurio, and two consumers on two
+# databases with the stack's second PostgreSQL, both started here; tests/fuzz.rs, the
 # fuzz targets on stable with proptest: `make fuzz` runs them under libFuzzer), the short chaos
 # subset (and its hard bounce under the inbox strategy and with commit groups), chaos-net's quick
 # scenario (a worker cut off from PostgreSQL for 15 s), 3 minutes of the soak at 500 msg/s (a
@@ -74,7 +75,7 @@ DEBUG_FEATURES := --features effectively/failpoints
 # demos it once failed its harness's wait for the standby (2026-12-07), so it keeps the machine.
 SOAK_STACK := $(CURDIR)/.stack-soak
 test:
-	$(MAKE) --no-print-directory -j3 --output-sync=target registry-up jaeger-up lint
+	$(MAKE) --no-print-directory -j3 --output-sync=target registry-up jaeger-up pg2-up lint
 	$(MAKE) --no-print-directory monitoring-check deploy-check migrate
 	cargo build -q --workspace --bins $(DEBUG_FEATURES)
 	$(WITH_ENV) scripts/test.sh $(DEBUG_FEATURES)
@@ -114,10 +115,11 @@ demo: up
 # scripts/connect.sh), the inbox's processor curve and its processors against River (the Go job
 # queue: loadgen builds peers/river with Go 1.26 into target/peers/, modules from the Go module
 # proxy), latency at 500 and 2,000 msg/s, the pre-filter's replays, 1 to 3 workers on one topic,
-# RSS and CPU per message, and the batch drain in JSON, Avro, Protobuf and JSON Schema (the
-# stack's Schema Registry, started if need be). Writes target/bench/report.json.
+# RSS and CPU per message, the batch drain in JSON, Avro, Protobuf and JSON Schema (the
+# stack's Schema Registry, started if need be), and two consumers on two PostgreSQL servers
+# against both on one (the stack's second server, started here). Writes target/bench/report.json.
 # BENCH_SCALE=quick takes about 10 minutes; BENCH_ONLY=river,inbox runs some phases.
-bench: up
+bench: up pg2-up
 	cargo build -q --release --workspace --bins
 	scripts/connect.sh fetch
 	$(WITH_ENV) target/release/effectively migrate >/dev/null
@@ -224,6 +226,16 @@ jaeger-up: up
 
 jaeger-down:
 	@$(STACK) jaeger-down
+
+# A second PostgreSQL server (scripts/stack.sh pg2-up), on demand: consumers on two databases
+# (tests/databases.rs, which starts it itself too, and the bench's `databases` phase). Its own
+# cluster under $(STACK_DIR)/pg2, the next free port from 5433; DATABASE_URL_2 is in
+# $(STACK_DIR)/env. `scripts/stack.sh pg2-crash` stops it the hard way.
+pg2-up: up
+	@$(STACK) pg2-up >/dev/null
+
+pg2-down:
+	@$(STACK) pg2-down
 
 # Failover: every scenario of docs/RELIABILITY.md "Failover scenarios" (Kafka leader bounces, a
 # paused leader, two brokers down, a rolling restart; PostgreSQL switchover, crash, standby down,

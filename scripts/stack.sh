@@ -9,6 +9,11 @@
 #   scripts/stack.sh env       print the environment (KAFKA_BROKERS, DATABASE_URL)
 #   scripts/stack.sh reset     down, then delete data (keeps the cached jars)
 #   scripts/stack.sh pg-crash | kafka-crash   stop a service the hard way (then `up` again)
+#   scripts/stack.sh pg2-up    a second PostgreSQL server, only on demand (`up` never starts it):
+#                              its own cluster in .stack/pg2 on the next free port from 5433, for
+#                              consumers on two databases ([database.NAME]); writes
+#                              .stack/pg2.env (DATABASE_URL_2), adds it to .stack/env, prints it
+#   scripts/stack.sh pg2-down | pg2-crash (an immediate stop; `pg2-up` starts it again)
 #   scripts/stack.sh redis-up  Redis for the optional pre-filter, only on demand (`up` never starts
 #                              it): Debian's redis-server (installed if missing), loopback, no
 #                              persistence; writes .stack/redis.env (REDIS_URL) and prints the URL
@@ -228,6 +233,65 @@ pg_down() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# A second PostgreSQL server (on demand only: consumers on two databases, their test and the
+# bench's two-database phase). A cluster of its own, so that crashing it leaves the first alone.
+# ---------------------------------------------------------------------------------------------
+
+pg2_running() {
+  [ -e "$STACK_DIR/pg2" ] && pg_bin >/dev/null && as_postgres "$(pg_bin)/pg_ctl" -D "$(pg_data_dir pg2)" status >/dev/null 2>&1
+}
+
+pg2_up() {
+  pg_install
+  local data port
+  data=$(pg_data_dir pg2)
+  pg_initdb "$data" "$STACK_DIR/initdb2.log"
+  if pg2_running; then
+    port=$(cat "$STACK_DIR/pg2.port")
+    log "second postgresql already running on 127.0.0.1:$port"
+  else
+    port=$(cat "$STACK_DIR/pg2.port" 2>/dev/null || echo 5433)
+    if port_busy "$port"; then port=$(free_port_from 5433); fi
+    echo "$port" >"$STACK_DIR/pg2.port"
+    log "starting a second PostgreSQL on 127.0.0.1:$port (data: $data)"
+    pg_start "$data" "$port"
+  fi
+  pg_create_db "$port"
+  echo "export DATABASE_URL_2=postgres://postgres@127.0.0.1:$port/$PG_DB" >"$STACK_DIR/pg2.env"
+  pg2_env_line
+  cat "$STACK_DIR/pg2.env"
+}
+
+# pg2_env_line: DATABASE_URL_2 in $STACK_DIR/env as in pg2.env (added, corrected, or removed
+# when pg2.env is gone), nothing else of the file touched: the registry and Jaeger start beside
+# it and edit their own lines.
+pg2_env_line() {
+  local env=$STACK_DIR/env line=
+  [ -f "$env" ] || return 0
+  if [ -f "$STACK_DIR/pg2.env" ]; then line=$(cat "$STACK_DIR/pg2.env"); fi
+  if [ -n "$line" ] && grep -qxF "$line" "$env"; then return 0; fi
+  { grep -v '^export DATABASE_URL_2=' "$env" || true
+    if [ -n "$line" ]; then echo "$line"; fi; } >"$env.tmp.pg2" && mv "$env.tmp.pg2" "$env"
+}
+
+# pg2_down [immediate]: a clean stop (fast), or a crash.
+pg2_down() {
+  [ -e "$STACK_DIR/pg2" ] || return 0
+  local bin data
+  bin=$(pg_bin) || return 0
+  data=$(pg_data_dir pg2)
+  if as_postgres "$bin/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+    log "stopping the second postgresql${1:+ ($1)}"
+    as_postgres "$bin/pg_ctl" -D "$data" -m "${1:-fast}" -w -t 60 stop >/dev/null
+  fi
+  # A crash keeps DATABASE_URL_2 in the env: the server comes back there with `pg2-up`.
+  if [ -z "${1:-}" ]; then
+    rm -f "$STACK_DIR/pg2.env"
+    pg2_env_line
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
 # Redis (on demand only: the pre-filter's tests, its benchmark, a user who wants to try it)
 # ---------------------------------------------------------------------------------------------
 
@@ -299,6 +363,8 @@ export KAFKA_BROKERS=$(cat "$STACK_DIR/kafka.brokers")
 export DATABASE_URL=$(cat "$STACK_DIR/pg.url")
 export SCHEMA_REGISTRY_URL=$(registry_url)
 EOF
+  # The second PostgreSQL, when it was started (`pg2-up`).
+  if [ -f "$STACK_DIR/pg2.env" ]; then cat "$STACK_DIR/pg2.env" >>"$STACK_DIR/env"; fi
   # The stack's own broker has TLS and SASL listeners too (not an external one).
   if [ -f "$KAFKA_HOME/port" ] && [ -f "$KAFKA_HOME/tls/ca.pem" ] && pid_alive "$KAFKA_HOME/pid"; then
     local port
@@ -325,6 +391,13 @@ status() {
   else
     echo "postgresql: stopped"
   fi
+  if [ -f "$STACK_DIR/pg2.env" ]; then
+    if pg2_running; then
+      echo "postgresql 2: running, $(sed 's/^export DATABASE_URL_2=//' "$STACK_DIR/pg2.env") (on demand)"
+    else
+      echo "postgresql 2: stopped (crashed? pg2-up starts it)"
+    fi
+  fi
   if pid_alive "$REDIS_HOME/pid"; then
     echo "redis:      running, pid $(cat "$REDIS_HOME/pid"), redis://127.0.0.1:$(cat "$REDIS_HOME/port") (on demand)"
   fi
@@ -345,6 +418,7 @@ case "${1:-}" in
     jaeger_down
     kafka_down
     pg_down
+    pg2_down
     redis_down
     rm -f "$STACK_DIR/env" "$STACK_DIR/kafka.brokers"
     ;;
@@ -353,6 +427,7 @@ case "${1:-}" in
   logs)
     echo "$KAFKA_HOME/logs/server.log"
     [ -e "$STACK_DIR/pg" ] && echo "$(pg_data_dir)/server.log"
+    if [ -e "$STACK_DIR/pg2" ]; then echo "$(pg_data_dir pg2)/server.log"; fi
     if [ -f "$REGISTRY_HOME/registry.log" ]; then echo "$REGISTRY_HOME/registry.log"; fi
     if [ -f "$JAEGER_HOME/jaeger.log" ]; then echo "$JAEGER_HOME/jaeger.log"; fi
     ;;
@@ -360,6 +435,7 @@ case "${1:-}" in
     "$0" down
     rm -rf "$KAFKA_HOME/data" "$KAFKA_HOME/port" "$STACK_DIR/pg.port"
     if [ -e "$STACK_DIR/pg" ]; then rm -rf "$(pg_data_dir)"; rm -rf "$STACK_DIR/pg"; fi
+    if [ -e "$STACK_DIR/pg2" ]; then rm -rf "$(pg_data_dir pg2)"; rm -rf "$STACK_DIR/pg2" "$STACK_DIR/pg2.port"; fi
     ;;
   # Fault injection for `make chaos`: crash a service the hard way, and bring it back.
   pg-crash)
@@ -369,6 +445,9 @@ case "${1:-}" in
     pid_alive "$KAFKA_HOME/pid" && kill -KILL "$(cat "$KAFKA_HOME/pid")"
     rm -f "$KAFKA_HOME/pid"
     ;;
+  pg2-up) pg2_up ;;
+  pg2-down) pg2_down ;;
+  pg2-crash) pg2_down immediate ;;
   redis-up) redis_up ;;
   redis-down) redis_down ;;
   redis-crash) redis_down KILL ;;
@@ -390,7 +469,7 @@ case "${1:-}" in
     kafka_java "$@"
     ;;
   *)
-    sed -n '2,30p' "$0" >&2
+    sed -n '2,35p' "$0" >&2
     exit 2
     ;;
 esac

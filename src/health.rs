@@ -10,9 +10,9 @@
 //!   (its heartbeat dropped) is dead. A loop waiting for PostgreSQL or Kafka within its
 //!   deadlines is alive: an outage of a service the process depends on is not something a
 //!   restart mends, and restarting every worker during one would only add rebalances.
-//! - **Ready** ([`Health::readiness`]): the process does its job now: PostgreSQL answered the
-//!   last probe ([`watch_database`]) as a writable primary and has not failed one for
-//!   [`DATABASE_SETTLE`]; every consumer is a member of its group (its first assignment went
+//! - **Ready** ([`Health::readiness`]): the process does its job now: each PostgreSQL it uses
+//!   (one per database its consumers are on) answered the last probe ([`watch_database`]) as
+//!   a writable primary and has not failed one for [`DATABASE_SETTLE`]; every consumer is a member of its group (its first assignment went
 //!   through the rebalance callback, even with 0 partitions); no revocation is draining; no
 //!   partition is being claimed again after a failover; and not every partition a consumer
 //!   holds is stuck on a Kafka error (a worker that can read none of its partitions does no
@@ -62,7 +62,8 @@ struct State {
     next_id: u64,
     loops: BTreeMap<u64, Loop>,
     consumers: BTreeMap<String, Membership>,
-    database: Database,
+    /// By the database's name (`default` for `[database]`).
+    databases: BTreeMap<String, Database>,
 }
 
 #[derive(Debug)]
@@ -147,12 +148,22 @@ impl Health {
         self.stopping.store(true, Ordering::SeqCst);
     }
 
-    pub fn database_ok(&self) {
-        self.state().database.last_ok = Some(Instant::now());
+    /// The database called `name` answered a probe as a writable primary.
+    pub fn database_ok(&self, name: &str) {
+        let mut s = self.state();
+        s.databases.entry(name.to_string()).or_default().last_ok = Some(Instant::now());
     }
 
-    pub fn database_unavailable(&self, reason: impl Into<String>) {
-        self.state().database.last_failure = Some((Instant::now(), reason.into()));
+    /// The database called `name` did not answer a probe, or answered as a standby.
+    pub fn database_unavailable(&self, name: &str, reason: impl Into<String>) {
+        let mut s = self.state();
+        let db = s.databases.entry(name.to_string()).or_default();
+        db.last_failure = Some((Instant::now(), reason.into()));
+    }
+
+    /// A database this process will probe: not ready until its first probe answers.
+    pub fn database(&self, name: &str) {
+        self.state().databases.entry(name.to_string()).or_default();
     }
 
     /// `/healthz`: alive while every registered loop beats within its bound.
@@ -202,24 +213,35 @@ impl Health {
         }
         let s = self.state();
         let now = Instant::now();
-        let db = &s.database;
-        match (&db.last_failure, db.last_ok) {
-            (Some((at, why)), _) if now.duration_since(*at) < DATABASE_SETTLE => {
-                let _ = writeln!(
-                    failing,
-                    "database: unavailable {:.1}s ago: {why}",
-                    now.duration_since(*at).as_secs_f64()
-                );
+        if s.databases.is_empty() {
+            failing.push_str("database: not probed yet\n");
+        }
+        for (name, db) in &s.databases {
+            // `database:` for [database], as before there were others; `database NAME:` else.
+            let which = match name.as_str() {
+                crate::config::DEFAULT_DATABASE => "database".to_string(),
+                n => format!("database {n}"),
+            };
+            match (&db.last_failure, db.last_ok) {
+                (Some((at, why)), _) if now.duration_since(*at) < DATABASE_SETTLE => {
+                    let _ = writeln!(
+                        failing,
+                        "{which}: unavailable {:.1}s ago: {why}",
+                        now.duration_since(*at).as_secs_f64()
+                    );
+                }
+                (_, None) => {
+                    let _ = writeln!(failing, "{which}: not probed yet");
+                }
+                (_, Some(ok)) if now.duration_since(ok) > DATABASE_FRESH => {
+                    let _ = writeln!(
+                        failing,
+                        "{which}: no probe answered for {:.1}s",
+                        now.duration_since(ok).as_secs_f64()
+                    );
+                }
+                _ => {}
             }
-            (_, None) => failing.push_str("database: not probed yet\n"),
-            (_, Some(ok)) if now.duration_since(ok) > DATABASE_FRESH => {
-                let _ = writeln!(
-                    failing,
-                    "database: no probe answered for {:.1}s",
-                    now.duration_since(ok).as_secs_f64()
-                );
-            }
-            _ => {}
         }
         for (name, m) in &s.consumers {
             if !m.joined {
@@ -421,14 +443,25 @@ impl Drop for Phase {
     }
 }
 
-/// Probes PostgreSQL every [`DATABASE_PROBE_EVERY`] until `stop`, on a connection of its own
-/// (opened with `[database]`'s URL and TLS settings, opened again after a failure), so that a
+/// Probes the database called `name` every [`DATABASE_PROBE_EVERY`] until `stop`, on a
+/// connection of its own (opened with `db`'s URL and TLS settings, opened again after a
+/// failure), so that a
 /// pool busy with long batches never reads as a database down. The probe asks
 /// `pg_is_in_recovery()`: a connection that lands on a standby (a failover under way, a
 /// demoted primary behind a proxy) cannot take the engine's writes, so it fails readiness too.
 /// The loop has its own heartbeat.
-pub async fn watch_database(db: DatabaseConfig, health: Arc<Health>, stop: CancellationToken) {
-    let beat = health.register("database probe", DATABASE_PROBE_EVERY * 2);
+pub async fn watch_database(
+    name: String,
+    db: DatabaseConfig,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) {
+    health.database(&name);
+    let what = match name.as_str() {
+        crate::config::DEFAULT_DATABASE => "database probe".to_string(),
+        n => format!("database probe {n}"),
+    };
+    let beat = health.register(what, DATABASE_PROBE_EVERY * 2);
     let mut client: Option<tokio_postgres::Client> = None;
     loop {
         let probe = async {
@@ -448,16 +481,15 @@ pub async fn watch_database(db: DatabaseConfig, health: Arc<Health>, stop: Cance
         match tokio::time::timeout(DATABASE_PROBE_EVERY, probe).await {
             Ok(Ok((c, false))) => {
                 client = Some(c);
-                health.database_ok();
+                health.database_ok(&name);
             }
-            Ok(Ok((_, true))) => {
-                health.database_unavailable("read-only: the server is a standby (in recovery)")
-            }
-            Ok(Err(e)) => health.database_unavailable(e),
-            Err(_) => health.database_unavailable(format!(
-                "no answer within {}s",
-                DATABASE_PROBE_EVERY.as_secs()
-            )),
+            Ok(Ok((_, true))) => health
+                .database_unavailable(&name, "read-only: the server is a standby (in recovery)"),
+            Ok(Err(e)) => health.database_unavailable(&name, e),
+            Err(_) => health.database_unavailable(
+                &name,
+                format!("no answer within {}s", DATABASE_PROBE_EVERY.as_secs()),
+            ),
         }
         beat.beat();
         tokio::select! {
@@ -470,12 +502,13 @@ pub async fn watch_database(db: DatabaseConfig, health: Arc<Health>, stop: Cance
 /// [`watch_database`] spawned on the current runtime, until `stop` or until the returned guard
 /// drops (the loop that started it ended).
 pub fn spawn_database_watch(
+    name: &str,
     db: DatabaseConfig,
     health: Arc<Health>,
     stop: &CancellationToken,
 ) -> tokio_util::sync::DropGuard {
     let own = stop.child_token();
-    tokio::spawn(watch_database(db, health, own.clone()));
+    tokio::spawn(watch_database(name.to_string(), db, health, own.clone()));
     own.drop_guard()
 }
 
@@ -484,7 +517,7 @@ mod tests {
     use super::*;
 
     fn ready_db(h: &Health) {
-        h.database_ok();
+        h.database_ok("default");
     }
 
     #[tokio::test(start_paused = true)]
@@ -607,19 +640,48 @@ mod tests {
         let r = h.readiness();
         assert!(!r.ok && r.text.contains("not probed yet"), "{}", r.text);
 
-        h.database_ok();
+        h.database_ok("default");
         assert!(h.readiness().ok);
 
-        h.database_unavailable("connection refused");
-        h.database_ok();
+        h.database_unavailable("default", "connection refused");
+        h.database_ok("default");
         let r = h.readiness();
         assert!(!r.ok && r.text.contains("connection refused"), "{}", r.text);
         tokio::time::advance(DATABASE_SETTLE).await;
-        h.database_ok();
+        h.database_ok("default");
         assert!(h.readiness().ok, "settled: {}", h.readiness().text);
 
         tokio::time::advance(DATABASE_FRESH + Duration::from_secs(1)).await;
         let r = h.readiness();
         assert!(!r.ok && r.text.contains("no probe answered"), "{}", r.text);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_database_counts_for_readiness_under_its_own_name() {
+        let h = Health::new();
+        h.database("default");
+        h.database("orders");
+        h.database_ok("default");
+        let r = h.readiness();
+        assert!(
+            !r.ok && r.text.contains("database orders: not probed yet"),
+            "{}",
+            r.text
+        );
+        assert!(
+            !r.text.contains("database: "),
+            "the default answered: {}",
+            r.text
+        );
+        h.database_ok("orders");
+        assert!(h.readiness().ok, "{}", h.readiness().text);
+        h.database_unavailable("orders", "connection refused");
+        let r = h.readiness();
+        assert!(
+            !r.ok && r.text.contains("database orders: unavailable"),
+            "{}",
+            r.text
+        );
+        assert!(!r.text.contains("database: "), "{}", r.text);
     }
 }

@@ -105,14 +105,17 @@
 //!   operator actions ([`store::audit`]), the inbox table ([`store::inbox`]), versions
 //!   ([`store::versions`]), the outbox ([`store::outbox`]) and notifications
 //!   ([`store::notifications`]), what the owner of a partition sees wrong with it
-//!   ([`store::partition_health`]), migrations ([`store::migrate`]).
+//!   ([`store::partition_health`]), migrations ([`store::migrate`]); every connection, and
+//!   the pools of a process by database ([`store::pool::Pools`]: a consumer asks for its own
+//!   database's, `[database]` or a `[database.NAME]`).
 //! - [`version`]: versioned writes, which of a batch's events each aggregate can take and in
 //!   what rounds (pure; `[consumer.version]`).
 //! - [`envelope`]: decoding a record: message id, event date, rejections.
 //! - [`telemetry`]: OpenTelemetry traces (`[tracing]`, off by default): W3C trace context read
 //!   from records and rows ([`telemetry::context`]), the transaction, publish and call spans
 //!   and their parent-and-links rule ([`telemetry::spans`]), the OTLP/HTTP exporter.
-//! - [`config`]: the typed configuration, one file per section, and its checks.
+//! - [`config`]: the typed configuration, one file per section, and its checks
+//!   (`[database]` and the named databases beside it: [`config::Databases`]).
 
 pub mod batch;
 pub mod ceiling;

@@ -24,7 +24,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, DatabaseConfig, Published, RelayConfig, RetryConfig};
+use crate::config::{
+    Config, DatabaseConfig, Published, RelayConfig, RetryConfig, DEFAULT_DATABASE,
+};
 use crate::health::Health;
 use crate::store::{outbox, pool, StoreError};
 use crate::telemetry::{self, context::TRACEPARENT, context::TRACESTATE};
@@ -67,8 +69,9 @@ pub struct Relay {
     types: Option<Vec<String>>,
     pool: Pool,
     producer: FutureProducer,
-    /// For the readiness probe, on a connection of its own.
-    database: DatabaseConfig,
+    /// For the readiness probe, on a connection of its own: the name and settings of the
+    /// database whose outbox this relay works.
+    database: (String, DatabaseConfig),
     health: Arc<Health>,
 }
 
@@ -89,18 +92,18 @@ impl Relay {
             ),
         ]);
         let producer = producer.map_err(RelayError::KafkaSettings)?;
+        let name = relay.database.as_deref().unwrap_or(DEFAULT_DATABASE);
+        let db = (config.database.get(Some(name))).map_err(pool::PoolError::Unknown)?;
         let opts = pool::PoolOptions {
             size: 2,
-            connect_timeout: config.database.connect_timeout,
-            idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
-            no_parallel_query: false,
+            ..pool::PoolOptions::of(db)
         };
         Ok(Relay {
             types: relay.event_types(),
-            config: relay,
-            pool: pool::build_for(&config.database, &opts)?,
+            pool: pool::build_for(db, &opts)?,
             producer: producer.create()?,
-            database: config.database.clone(),
+            database: (name.to_string(), db.clone()),
+            config: relay,
             health: Health::new(),
         })
     }
@@ -252,8 +255,12 @@ impl Relay {
         let mut failures = 0u32;
         let mut sampled: Option<Instant> = None;
         let beat = self.health.register("relay", self.period());
-        let _probe =
-            crate::health::spawn_database_watch(self.database.clone(), self.health(), &stop);
+        let _probe = crate::health::spawn_database_watch(
+            &self.database.0,
+            self.database.1.clone(),
+            self.health(),
+            &stop,
+        );
         loop {
             beat.beat();
             if sampled.is_none_or(|t| t.elapsed() >= Duration::from_secs(15)) {

@@ -28,7 +28,9 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ChannelConfig, Config, DatabaseConfig, OnInterrupted, SenderConfig};
+use crate::config::{
+    ChannelConfig, Config, DatabaseConfig, OnInterrupted, SenderConfig, DEFAULT_DATABASE,
+};
 use crate::health::Health;
 use crate::metrics::NotificationOutcome as Outcome;
 use crate::store::notifications::{self, Claimed, Finish};
@@ -61,8 +63,9 @@ pub struct Sender {
     channels: Vec<String>,
     pool: Pool,
     http: reqwest::Client,
-    /// For the readiness probe, on a connection of its own.
-    database: DatabaseConfig,
+    /// For the readiness probe, on a connection of its own: the name and settings of the
+    /// database whose notifications this sender works.
+    database: (String, DatabaseConfig),
     health: std::sync::Arc<Health>,
 }
 
@@ -70,20 +73,20 @@ impl Sender {
     pub fn new(config: &Config) -> Result<Sender, SenderError> {
         let sender = config.sender.clone().ok_or(SenderError::NotConfigured)?;
         crate::telemetry::install(&config.tracing, crate::telemetry::Component::Sender)?;
+        let name = sender.database.as_deref().unwrap_or(DEFAULT_DATABASE);
+        let db = (config.database.get(Some(name))).map_err(pool::PoolError::Unknown)?;
         let opts = pool::PoolOptions {
             size: 4,
-            connect_timeout: config.database.connect_timeout,
-            idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
-            no_parallel_query: false,
+            ..pool::PoolOptions::of(db)
         };
         Ok(Sender {
             channels: sender.channels.keys().cloned().collect(),
             http: reqwest::Client::builder()
                 .timeout(sender.request_timeout)
                 .build()?,
-            pool: pool::build_for(&config.database, &opts)?,
+            pool: pool::build_for(db, &opts)?,
+            database: (name.to_string(), db.clone()),
             config: sender,
-            database: config.database.clone(),
             health: Health::new(),
         })
     }
@@ -335,8 +338,12 @@ impl Sender {
         let mut sampled: Option<std::time::Instant> = None;
         let mut failures = 0u32;
         let beat = self.health.register("sender", self.period());
-        let _probe =
-            crate::health::spawn_database_watch(self.database.clone(), self.health(), &stop);
+        let _probe = crate::health::spawn_database_watch(
+            &self.database.0,
+            self.database.1.clone(),
+            self.health(),
+            &stop,
+        );
         loop {
             beat.beat();
             if sampled.is_none_or(|t| t.elapsed() >= Duration::from_secs(15)) {

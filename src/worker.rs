@@ -3,7 +3,7 @@
 //! [`Worker::start`] returns once every consumer has joined its group (tests start workers
 //! in-process with it); [`run`] is the whole life of the `effectively run` process.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use crate::prefilter::Prefilter;
 use crate::source::consumer::{Source, SourceError};
 use crate::stats::Stats;
 use crate::store::partitions::Known;
-use crate::store::pool::{self, PoolOptions};
+use crate::store::pool::{self, PoolOptions, Pools};
 use crate::store::retention;
 use crate::strategy::{batched::Batched, inbox::Inbox, per_message::PerMessage, Strategy};
 
@@ -31,8 +31,22 @@ pub enum WorkerError {
     Pool(#[from] pool::PoolError),
     #[error("database: {0}")]
     Store(#[from] crate::store::StoreError),
-    #[error("the schema is missing: run `effectively migrate` first")]
-    NotMigrated,
+    #[error(
+        "the schema is missing in database {database} ({url}): run `effectively migrate -c \
+         CONFIG` first (it migrates every configured database)"
+    )]
+    NotMigrated { database: String, url: String },
+    #[error(
+        "consumer {consumer:?} has offsets stored in database {found}, but is configured on \
+         database {configured}: started there it would begin again with an empty ledger and \
+         apply again what it applied. Move its rows first, or put it back (docs/SCALING.md, \
+         \"Moving a consumer to another database\")"
+    )]
+    Moved {
+        consumer: String,
+        found: String,
+        configured: String,
+    },
     #[error("consumer {consumer:?}: handler: {reason}")]
     Handler { consumer: String, reason: String },
     #[error(transparent)]
@@ -83,23 +97,42 @@ impl Worker {
         }
         crate::telemetry::install(&config.tracing, crate::telemetry::Component::Worker)
             .map_err(|e| WorkerError::Config(e.to_string()))?;
-        let db = config.database.clone();
-        let opts = PoolOptions {
-            size: config.database.pool_size,
-            connect_timeout: config.database.connect_timeout,
-            idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
-            no_parallel_query: false,
-        };
-        let pg = pool::build_for(&db, &opts)?;
-        // Also the start-up check of the TLS settings: a wrong CA or host name stops here.
-        let client = pool::connect_to(&db).await?;
-        let migrated: Option<String> = client
-            .query_one("SELECT to_regclass('consumer_offsets')::text", &[])
-            .await
-            .map_err(crate::store::StoreError::from)?
-            .get(0);
-        if migrated.is_none() {
-            return Err(WorkerError::NotMigrated);
+        // One pool per database the consumers use; each consumer's partitions, claims,
+        // control, inbox processors and gauges take their database's pool, and nothing else.
+        let pools = Pools::for_consumers(&config, &config.consumers, PoolOptions::of)?;
+        let mut clients = BTreeMap::new();
+        for db in pools.iter() {
+            // Also the start-up check of the TLS settings: a wrong CA or host name stops here.
+            let client = pool::connect_to(&db.config).await?;
+            let migrated: Option<String> = client
+                .query_one("SELECT to_regclass('consumer_offsets')::text", &[])
+                .await
+                .map_err(crate::store::StoreError::from)?
+                .get(0);
+            if migrated.is_none() {
+                return Err(WorkerError::NotMigrated {
+                    database: db.name.clone(),
+                    url: db.config.url.to_string(),
+                });
+            }
+            clients.insert(db.name.clone(), client);
+        }
+        // A consumer's ledger and offsets are where it ran before: started on another database
+        // it would begin again from `auto_offset_reset` with an empty ledger, and apply again
+        // what it had applied. Refuse while its offsets are in another database this worker
+        // can see.
+        for c in &config.consumers {
+            for (name, client) in &clients {
+                if name != c.database_name()
+                    && crate::store::offsets::any_stored(client, &c.name).await?
+                {
+                    return Err(WorkerError::Moved {
+                        consumer: c.name.clone(),
+                        found: name.clone(),
+                        configured: c.database_name().to_string(),
+                    });
+                }
+            }
         }
 
         let health = Health::new();
@@ -111,28 +144,34 @@ impl Worker {
                 Err(e) => tracing::error!(error = %e, "monitoring endpoint not started"),
             }
         }
-        let known = Arc::new(Known::default());
+        // Per database: which daily partitions exist, how far ahead to create them, and the
+        // longest retention any of its consumers declares.
         let today = chrono::Utc::now().date_naive();
-        let ahead = config
-            .consumers
-            .iter()
-            .map(|c| c.partitions_ahead)
-            .max()
-            .unwrap_or(3);
-        known.create_ahead(&client, today, ahead).await?;
-        // Declare what each consumer needs kept, before any instance's maintenance could drop it.
-        let mut longest_retention = 1;
+        let mut upkeep: BTreeMap<String, Upkeep> = BTreeMap::new();
         for c in &config.consumers {
+            let name = c.database_name();
+            let client = &clients[name];
+            let u = upkeep.entry(name.to_string()).or_insert_with(|| Upkeep {
+                known: Arc::new(Known::default()),
+                ahead: 0,
+                longest_retention: 1,
+            });
+            u.ahead = u.ahead.max(c.partitions_ahead);
+            // Declare what each consumer needs kept, before any instance's maintenance could
+            // drop it.
             let days = retention_days(c.retention);
-            retention::declare(&client, &c.name, days).await?;
-            longest_retention = longest_retention.max(days);
+            retention::declare(client, &c.name, days).await?;
+            u.longest_retention = u.longest_retention.max(days);
             let made_by = c.keys_made_by();
-            if let Some(before) = crate::store::keys::record(&client, &c.name, &made_by).await? {
+            if let Some(before) = crate::store::keys::record(client, &c.name, &made_by).await? {
                 tracing::warn!(consumer = %c.name, %before, now = %made_by, retention_days = days,
                     "this consumer's dedupe keys are now made another way: a copy of an event \
                      applied before the change gets another key and will be applied again, until \
                      the old keys pass retention");
             }
+        }
+        for (name, u) in &upkeep {
+            u.known.create_ahead(&clients[name], today, u.ahead).await?;
         }
 
         let worker_id = config.worker_id();
@@ -142,6 +181,12 @@ impl Worker {
         let mut sources = Vec::new();
         let mut inbox_processors = Vec::new();
         for c in &config.consumers {
+            let db = pools.of(c).ok_or_else(|| {
+                WorkerError::Config(format!("consumer {:?}: no pool for its database", c.name))
+            })?;
+            let (pg, client) = (db.pool.clone(), &clients[&db.name]);
+            let deadline = db.config.transaction_deadline;
+            crate::metrics::consumer_database(&c.name, &db.name);
             let handler = registry
                 .build(&c.handler)
                 .map_err(|reason| WorkerError::Handler {
@@ -149,7 +194,7 @@ impl Worker {
                     reason,
                 })?;
             handler
-                .prepare(&client)
+                .prepare(client)
                 .await
                 .map_err(|e| WorkerError::Handler {
                     consumer: c.name.clone(),
@@ -184,7 +229,7 @@ impl Worker {
                             handler: Arc::clone(&handler),
                             stored: Arc::clone(&stored),
                             stats: Arc::clone(&s),
-                            deadline: config.database.transaction_deadline,
+                            deadline,
                             health: health.consumer(&c.name),
                         }),
                         c.inbox.processors,
@@ -203,18 +248,14 @@ impl Worker {
                 kafka: config.kafka.clone(),
                 worker_id: worker_id.clone(),
                 revoke_deadline: config.worker.revoke_deadline,
-                transaction_deadline: config.database.transaction_deadline,
+                transaction_deadline: deadline,
                 pool: pg.clone(),
                 handler,
                 strategy,
-                partitions: Arc::clone(&known),
+                partitions: Arc::clone(&upkeep[&db.name].known),
                 stats: s,
                 health: health.consumer(&c.name),
-                control: crate::source::control::SourceControl::new(
-                    c,
-                    pg.clone(),
-                    config.database.transaction_deadline,
-                ),
+                control: crate::source::control::SourceControl::new(c, pg, deadline),
             });
         }
         for source in sources {
@@ -246,42 +287,54 @@ impl Worker {
                 Ok(())
             });
         }
-        let inbox_names: Vec<String> = (config.consumers.iter())
-            .filter(|c| c.strategy == StrategyKind::Inbox)
-            .map(|c| c.name.clone())
-            .collect();
-        tasks.spawn(maintain_partitions(
-            db.clone(),
-            known,
-            ahead,
-            longest_retention,
-            health.register("maintenance", MAINTENANCE_PERIOD),
-            shutdown.child_token(),
-        ));
-        let probe =
-            crate::health::watch_database(db.clone(), Arc::clone(&health), shutdown.child_token());
-        tasks.spawn(async move {
-            probe.await;
-            Ok(())
-        });
-        let names: Vec<String> = config.consumers.iter().map(|c| c.name.clone()).collect();
-        let versioned: Vec<(String, Duration)> = (config.consumers.iter())
-            .filter_map(|c| {
-                c.version
-                    .as_ref()
-                    .map(|v| (c.name.clone(), v.gap_alert_after))
-            })
-            .collect();
-        tasks.spawn(sample_gauges(
-            pg.clone(),
-            Sampled {
-                consumers: names,
-                inbox: inbox_names,
-                versioned,
-            },
-            shutdown.child_token(),
-        ));
-        tracing::info!(worker = %worker_id, consumers = config.consumers.len(), "worker started");
+        // Per database: its maintenance, its readiness probe, its gauges.
+        for db in pools.iter() {
+            let u = &upkeep[&db.name];
+            let on: Vec<&crate::config::ConsumerConfig> = (config.consumers.iter())
+                .filter(|c| c.database_name() == db.name)
+                .collect();
+            tasks.spawn(maintain_partitions(
+                db.name.clone(),
+                db.config.clone(),
+                Arc::clone(&u.known),
+                u.ahead,
+                u.longest_retention,
+                health.register(per_database("maintenance", &db.name), MAINTENANCE_PERIOD),
+                shutdown.child_token(),
+            ));
+            let probe = crate::health::watch_database(
+                db.name.clone(),
+                db.config.clone(),
+                Arc::clone(&health),
+                shutdown.child_token(),
+            );
+            tasks.spawn(async move {
+                probe.await;
+                Ok(())
+            });
+            let sampled = Sampled {
+                database: db.name.clone(),
+                consumers: on.iter().map(|c| c.name.clone()).collect(),
+                inbox: (on.iter())
+                    .filter(|c| c.strategy == StrategyKind::Inbox)
+                    .map(|c| c.name.clone())
+                    .collect(),
+                versioned: (on.iter())
+                    .filter_map(|c| {
+                        c.version
+                            .as_ref()
+                            .map(|v| (c.name.clone(), v.gap_alert_after))
+                    })
+                    .collect(),
+            };
+            tasks.spawn(sample_gauges(
+                db.pool.clone(),
+                sampled,
+                shutdown.child_token(),
+            ));
+        }
+        tracing::info!(worker = %worker_id, consumers = config.consumers.len(),
+            databases = pools.len(), "worker started");
         Ok(Worker {
             stats,
             health,
@@ -363,6 +416,7 @@ const MAINTENANCE_PERIOD: Duration = Duration::from_secs(600);
 /// the longest declared retention. Runs on a connection of its own (a detach cannot run in a
 /// transaction) and only where it gets the maintenance lock: one instance at a time.
 async fn maintain_partitions(
+    database: String,
     db: crate::config::DatabaseConfig,
     known: Arc<Known>,
     ahead: u32,
@@ -377,15 +431,15 @@ async fn maintain_partitions(
             Ok(client) => {
                 match retention::run(&client, &known, today, ahead, retention_days).await {
                     Ok(retention::Ran::Skipped) => {
-                        tracing::debug!("maintenance: another instance holds the lock")
+                        tracing::debug!(%database, "maintenance: another instance holds the lock")
                     }
                     Ok(retention::Ran::Done { created, dropped }) => {
-                        tracing::info!(?created, ?dropped, "retention maintenance done")
+                        tracing::info!(%database, ?created, ?dropped, "retention maintenance done")
                     }
-                    Err(e) => tracing::warn!(error = %e, "retention maintenance failed"),
+                    Err(e) => tracing::warn!(%database, error = %e, "retention maintenance failed"),
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "retention maintenance: no connection"),
+            Err(e) => tracing::warn!(%database, error = %e, "retention maintenance: no connection"),
         }
         tokio::select! {
             _ = stop.cancelled() => return Ok(()),
@@ -394,10 +448,27 @@ async fn maintain_partitions(
     }
 }
 
-/// Gauges read from the database, off the hot path: inbox rows, dead letters waiting, the dedupe
-/// partitions' sizes and how far ahead they exist, and the pool's connections.
-/// Which consumers' database gauges are sampled.
+/// What the worker keeps up in one database: its known daily partitions, how far ahead they
+/// are created, and the longest retention its consumers declare.
+struct Upkeep {
+    known: Arc<Known>,
+    ahead: u32,
+    longest_retention: i32,
+}
+
+/// A loop's name in `/healthz`: `what` for the default database (as before there were others),
+/// `what NAME` for a named one.
+fn per_database(what: &str, database: &str) -> String {
+    match database {
+        crate::config::DEFAULT_DATABASE => what.to_string(),
+        name => format!("{what} {name}"),
+    }
+}
+
+/// Which gauges one database's sampler reads: the consumers on that database.
 struct Sampled {
+    /// The database's name, the label of its pool and partition gauges.
+    database: String,
     consumers: Vec<String>,
     /// Inbox consumers.
     inbox: Vec<String>,
@@ -405,6 +476,8 @@ struct Sampled {
     versioned: Vec<(String, Duration)>,
 }
 
+/// Gauges read from one database, off the hot path: inbox rows, dead letters waiting, the
+/// dedupe partitions' sizes and how far ahead they exist, and the pool's connections.
 async fn sample_gauges(
     pool: deadpool_postgres::Pool,
     sampled: Sampled,
@@ -412,7 +485,11 @@ async fn sample_gauges(
 ) -> Result<(), TaskError> {
     loop {
         let status = pool.status();
-        crate::metrics::pool(status.size - status.available, status.available);
+        crate::metrics::pool(
+            &sampled.database,
+            status.size - status.available,
+            status.available,
+        );
         if let Ok(client) = pool.get().await {
             if let Err(e) = sample_database(&client, &sampled).await {
                 tracing::debug!(error = %e, "sampling database gauges failed");
@@ -456,9 +533,9 @@ async fn sample_database(
         .map(|s| (s.date - today).num_days())
         .max()
         .unwrap_or(-1);
-    crate::metrics::dedupe_partitions_ahead(ahead);
+    crate::metrics::dedupe_partitions_ahead(&sampled.database, ahead);
     for s in sizes {
-        crate::metrics::dedupe_partition(s.date, s.rows, s.bytes);
+        crate::metrics::dedupe_partition(&sampled.database, s.date, s.rows, s.bytes);
     }
     Ok(())
 }

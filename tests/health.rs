@@ -335,7 +335,7 @@ async fn not_ready_while_postgres_is_unreachable_alive_meanwhile() {
     let consumer = common::unique("health-pg");
     common::create_topic(&topic, 1).await;
     let mut cfg = config(&consumer, &topic, r#"{ kind = "cashback" }"#, "");
-    cfg.database.url = effectively::config::Secret::new(proxied_url);
+    cfg.database.default.url = effectively::config::Secret::new(proxied_url);
     let worker = common::start(cfg).await;
     let addr = worker.endpoint().unwrap();
     until(addr, "/readyz", 200, "ready", 30).await;

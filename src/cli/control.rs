@@ -5,7 +5,7 @@
 
 use clap::{ArgGroup, Args, Subcommand};
 
-use super::parked::{confirm_typed, pool, ConfigArg};
+use super::parked::{confirm_typed, pick_database, pool, ConfigArg};
 use crate::config::{Config, ConsumerConfig};
 use crate::operator::control::{self as op, KafkaLookup, Move, Target};
 use crate::operator::Actor;
@@ -104,21 +104,19 @@ pub struct ThrottleArgs {
 }
 
 fn consumer<'a>(config: &'a Config, name: &str) -> anyhow::Result<&'a ConsumerConfig> {
-    config
-        .consumers
-        .iter()
-        .find(|c| c.name == name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = config.consumers.iter().map(|c| c.name.as_str()).collect();
-            anyhow::anyhow!(
-                "no consumer {name:?} in the config (it has: {})",
-                if names.is_empty() {
-                    "none".into()
-                } else {
-                    names.join(", ")
-                }
-            )
-        })
+    config.consumer(name).map_err(anyhow::Error::msg)
+}
+
+/// A pool to consumer `name`'s database, where its offsets, pauses and throttle live (a
+/// `--database` naming another is refused).
+fn consumer_pool(
+    config: &Config,
+    arg: &ConfigArg,
+    name: &str,
+) -> anyhow::Result<deadpool_postgres::Pool> {
+    consumer(config, name)?;
+    let db = pick_database(config, Some(name), arg.database.as_deref())?;
+    pool(config.database.get(Some(&db)).map_err(anyhow::Error::msg)?)
 }
 
 /// The scope, checked against the consumer's topics.
@@ -140,10 +138,12 @@ pub async fn offsets(action: OffsetsAction) -> anyhow::Result<()> {
             topic,
             json,
         } => {
-            let config = Config::load(&config.config)?;
+            let arg = config;
+            let config = Config::load(&arg.config)?;
             let c = consumer(&config, &name)?;
             let kafka = KafkaLookup::new(&config.kafka)?;
-            let view = op::show(&pool(&config)?, &kafka, c, topic.as_deref()).await?;
+            let pool = consumer_pool(&config, &arg, &name)?;
+            let view = op::show(&pool, &kafka, c, topic.as_deref()).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&view)?);
                 return Ok(());
@@ -204,7 +204,8 @@ pub async fn offsets(action: OffsetsAction) -> anyhow::Result<()> {
             yes,
             note,
         } => {
-            let config = Config::load(&config.config)?;
+            let arg = config;
+            let config = Config::load(&arg.config)?;
             let c = consumer(&config, &args.consumer)?;
             let target = match (to, shift_by) {
                 (Some(t), _) => t,
@@ -212,7 +213,7 @@ pub async fn offsets(action: OffsetsAction) -> anyhow::Result<()> {
                 (None, None) => anyhow::bail!("--to or --shift-by is required"),
             };
             let kafka = KafkaLookup::new(&config.kafka)?;
-            let pool = pool(&config)?;
+            let pool = consumer_pool(&config, &arg, &args.consumer)?;
             let plan = op::plan_reset(
                 &pool,
                 &kafka,
@@ -286,7 +287,7 @@ fn print_moves(moves: &[Move]) {
 pub async fn pause(args: PauseArgs, resume: bool) -> anyhow::Result<()> {
     let config = Config::load(&args.config.config)?;
     let scope = scope(&config, &args.scope)?;
-    let pool = pool(&config)?;
+    let pool = consumer_pool(&config, &args.config, &args.scope.consumer)?;
     let actor = Actor::cli();
     if resume {
         let r = op::resume(&pool, &scope, &actor, args.note.as_deref()).await?;
@@ -312,7 +313,7 @@ pub async fn pause(args: PauseArgs, resume: bool) -> anyhow::Result<()> {
 
 pub async fn throttle(args: ThrottleArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config.config)?;
-    consumer(&config, &args.consumer)?;
+    let pool = consumer_pool(&config, &args.config, &args.consumer)?;
     let rate = match args.rate {
         Some(r) if r.is_finite() && r > 0.0 => Some(Throttle {
             max_rate: r,
@@ -325,7 +326,7 @@ pub async fn throttle(args: ThrottleArgs) -> anyhow::Result<()> {
         None => None,
     };
     let d = op::throttle(
-        &pool(&config)?,
+        &pool,
         &args.consumer,
         rate,
         &Actor::cli(),

@@ -1,8 +1,6 @@
 //! `effectively inbox`: the inbox strategy's status, its FAILED rows (list, show), replay and
 //! discard.
 
-use std::path::PathBuf;
-
 use clap::Subcommand;
 
 use super::parked;
@@ -15,13 +13,13 @@ pub enum InboxAction {
     /// FAILED, HELD (events waiting for a missing version) and the oldest PENDING row's age;
     /// then, per versioned consumer, its held gaps per aggregate, oldest first.
     Status {
-        #[arg(long, short, default_value = "effectively.toml")]
-        config: PathBuf,
+        #[command(flatten)]
+        config: parked::ConfigArg,
     },
     /// FAILED rows matching the filter, newest first (`--before SEQ` for the next page).
     List {
-        #[arg(long, short, default_value = "effectively.toml")]
-        config: PathBuf,
+        #[command(flatten)]
+        config: parked::ConfigArg,
         #[command(flatten)]
         filter: parked::FilterArgs,
         #[arg(long, default_value_t = 50)]
@@ -31,8 +29,8 @@ pub enum InboxAction {
     },
     /// One inbox row, whatever its status: coordinates, attempts, last error, headers, payload.
     Show {
-        #[arg(long, short, default_value = "effectively.toml")]
-        config: PathBuf,
+        #[command(flatten)]
+        config: parked::ConfigArg,
         consumer: String,
         message_id: uuid::Uuid,
         #[arg(long = "as", value_enum, default_value_t = crate::operator::show::As::Auto)]
@@ -44,8 +42,8 @@ pub enum InboxAction {
     /// `--consumer` are replayed too: safe only for an effect that keeps its own business key
     /// (the cashback handler's UNIQUE payment_id), or it applies twice.
     Replay {
-        #[arg(long, short, default_value = "effectively.toml")]
-        config: PathBuf,
+        #[command(flatten)]
+        config: parked::ConfigArg,
         /// Only FAILED rows.
         #[arg(long)]
         failed: bool,
@@ -63,8 +61,8 @@ pub enum InboxAction {
     /// Give FAILED rows up: status DISCARDED, bytes kept, never applied (one with `--id` and
     /// `--consumer`, or every one matching the filter).
     Discard {
-        #[arg(long, short, default_value = "effectively.toml")]
-        config: PathBuf,
+        #[command(flatten)]
+        config: parked::ConfigArg,
         #[arg(long)]
         id: Option<uuid::Uuid>,
         #[command(flatten)]
@@ -77,25 +75,45 @@ pub enum InboxAction {
 pub async fn run(action: InboxAction) -> anyhow::Result<()> {
     use crate::inbox::admin;
     match action {
-        InboxAction::Status { config } => {
-            let config = Config::load(&config)?;
+        InboxAction::Status { config: arg } => {
+            let config = Config::load(&arg.config)?;
             // Inbox consumers, and versioned ones (their gaps wait in the inbox).
-            let names: Vec<String> = (config.consumers.iter())
-                .filter(|c| c.strategy == Strategy::Inbox || c.version.is_some())
-                .map(|c| c.name.clone())
-                .collect();
-            if names.is_empty() {
+            let inbox = |c: &&crate::config::ConsumerConfig| {
+                c.strategy == Strategy::Inbox || c.version.is_some()
+            };
+            if !config.consumers.iter().any(|c| inbox(&c)) {
                 anyhow::bail!(
                     "no consumer of this config has strategy = \"inbox\" or [consumer.version]"
                 );
             }
-            let client = store::pool::connect_to(&config.database).await?;
-            let rows = store::inbox::status(&client, &names).await?;
-            print!("{}", admin::render_status(&rows));
-            for c in config.consumers.iter().filter(|c| c.version.is_some()) {
-                let gaps = store::versions::gaps(&client, &c.name, 20).await?;
-                let all = store::versions::gap_count(&client, &c.name).await?;
-                print!("\n{}", admin::render_gaps(&c.name, &gaps, all));
+            // Each database holds its own consumers' rows: one status table per database.
+            for name in config.database.names() {
+                if arg.database.as_deref().is_some_and(|only| only != name) {
+                    continue;
+                }
+                let on: Vec<&crate::config::ConsumerConfig> = (config.consumers.iter())
+                    .filter(|c| c.database_name() == name)
+                    .filter(inbox)
+                    .collect();
+                if on.is_empty() {
+                    continue;
+                }
+                if !config.database.named.is_empty() {
+                    println!("database {name}:");
+                }
+                let db = config
+                    .database
+                    .get(Some(name))
+                    .map_err(anyhow::Error::msg)?;
+                let client = store::pool::connect_to(db).await?;
+                let names: Vec<String> = on.iter().map(|c| c.name.clone()).collect();
+                let rows = store::inbox::status(&client, &names).await?;
+                print!("{}", admin::render_status(&rows));
+                for c in on.iter().filter(|c| c.version.is_some()) {
+                    let gaps = store::versions::gaps(&client, &c.name, 20).await?;
+                    let all = store::versions::gap_count(&client, &c.name).await?;
+                    print!("\n{}", admin::render_gaps(&c.name, &gaps, all));
+                }
             }
             Ok(())
         }
@@ -104,19 +122,28 @@ pub async fn run(action: InboxAction) -> anyhow::Result<()> {
             filter,
             limit,
             before,
-        } => parked::inbox_list(&Config::load(&config)?, &filter, limit, before).await,
+        } => {
+            let target = config.load(filter.consumer.as_deref())?;
+            parked::inbox_list(&target.db, &filter, limit, before).await
+        }
         InboxAction::Show {
             config,
             consumer,
             message_id,
             how,
-        } => parked::inbox_show(&Config::load(&config)?, &consumer, message_id, how).await,
+        } => {
+            let target = config.load(Some(&consumer))?;
+            parked::inbox_show(&target.db, &consumer, message_id, how).await
+        }
         InboxAction::Discard {
             config,
             id,
             filter,
             change,
-        } => parked::inbox_change(&Config::load(&config)?, id, &filter, &change, true).await,
+        } => {
+            let target = config.load(filter.consumer.as_deref())?;
+            parked::inbox_change(&target.db, id, &filter, &change, true).await
+        }
         InboxAction::Replay {
             config,
             failed,
@@ -125,9 +152,9 @@ pub async fn run(action: InboxAction) -> anyhow::Result<()> {
             filter,
             change,
         } => {
-            let config = Config::load(&config)?;
+            let target = config.load(filter.consumer.as_deref())?;
             if failed && key.is_none() {
-                return parked::inbox_change(&config, id, &filter, &change, false).await;
+                return parked::inbox_change(&target.db, id, &filter, &change, false).await;
             }
             // DONE rows too, or one ordering key: one consumer's rows, one statement.
             let Some(consumer) = filter.consumer.as_deref() else {
@@ -154,7 +181,7 @@ pub async fn run(action: InboxAction) -> anyhow::Result<()> {
                 since,
                 key: key.as_deref().map(admin::stored_key),
             };
-            parked::inbox_replay_done(&config, consumer, replay, &change).await
+            parked::inbox_replay_done(&target.config, &target.db, consumer, replay, &change).await
         }
     }
 }

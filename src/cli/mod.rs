@@ -68,6 +68,10 @@ pub enum Command {
         /// `worker.metrics_addr`, else 127.0.0.1:9474.
         #[arg(long)]
         metrics_addr: Option<String>,
+        /// Relay this `[database.NAME]`'s outbox instead of `relay.database` (default:
+        /// `[database]`). One relay process works one database.
+        #[arg(long)]
+        database: Option<String>,
     },
     /// Deliver the `notifications` table's intents to their providers (the config's `[sender]`)
     /// until SIGTERM or SIGINT, with idempotency keys. Any number of senders may run.
@@ -79,6 +83,10 @@ pub enum Command {
         /// `worker.metrics_addr`, else 127.0.0.1:9484.
         #[arg(long)]
         metrics_addr: Option<String>,
+        /// Send this `[database.NAME]`'s notifications instead of `sender.database` (default:
+        /// `[database]`). One sender process works one database.
+        #[arg(long)]
+        database: Option<String>,
     },
     /// Serve the web console (the config's `[console]`) until SIGTERM or SIGINT: lag, parked
     /// messages, the inbox, the outbox, notifications; redrive, replay and discard only with
@@ -90,13 +98,22 @@ pub enum Command {
         /// Where to listen (host:port), instead of `console.addr` (default 127.0.0.1:9470).
         #[arg(long)]
         addr: Option<std::net::SocketAddr>,
+        /// Show this `[database.NAME]` and the consumers on it, instead of `console.database`
+        /// (default: `[database]`). One console shows one database.
+        #[arg(long)]
+        database: Option<String>,
     },
-    /// Apply the schema migrations that the database does not have yet.
+    /// Apply the schema migrations that the database does not have yet: every database of
+    /// `--config` (`[database]` and each `[database.NAME]`), or the one at `--database-url`.
     Migrate {
-        /// PostgreSQL URL (the password, if any, is never printed). TLS as libpq:
-        /// `?sslmode=verify-full&sslrootcert=/path/ca.pem`.
+        /// Migrate every database this config file names, with its TLS settings (its
+        /// variables override it as for `run`).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// PostgreSQL URL (the password, if any, is never printed), when there is no
+        /// `--config`. TLS as libpq: `?sslmode=verify-full&sslrootcert=/path/ca.pem`.
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
+        database_url: Option<String>,
     },
     /// Load and validate a config file, and print what it configures.
     CheckConfig {
@@ -223,11 +240,20 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Relay {
             config,
             metrics_addr,
+            database,
         } => {
-            let config = Config::load(&config)?;
+            let mut config = Config::load(&config)?;
+            let relay = config.relay.as_mut();
+            let relay = relay.ok_or(crate::relay::RelayError::NotConfigured)?;
+            relay.database = database.or(relay.database.take());
+            let name = relay.database.clone();
             // The pool connects lazily: a wrong CA or host name must stop the start, not
             // repeat in the loop's retries.
-            store::pool::connect_to(&config.database).await?;
+            let db = config
+                .database
+                .get(name.as_deref())
+                .map_err(anyhow::Error::msg)?;
+            store::pool::connect_to(db).await?;
             let relay = crate::relay::Relay::new(&config)?;
             serve_metrics(
                 metrics_addr,
@@ -240,9 +266,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Send {
             config,
             metrics_addr,
+            database,
         } => {
-            let config = Config::load(&config)?;
-            store::pool::connect_to(&config.database).await?; // as for the relay
+            let mut config = Config::load(&config)?;
+            let sender = config.sender.as_mut();
+            let sender = sender.ok_or(crate::sender::SenderError::NotConfigured)?;
+            sender.database = database.or(sender.database.take());
+            let name = sender.database.clone();
+            let db = config
+                .database
+                .get(name.as_deref())
+                .map_err(anyhow::Error::msg)?;
+            store::pool::connect_to(db).await?; // as for the relay
             let sender = crate::sender::Sender::new(&config)?;
             serve_metrics(
                 metrics_addr,
@@ -252,23 +287,41 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             )?;
             until_signal("notification sender", |stop| sender.run(stop)).await
         }
-        Command::Console { config, addr } => {
-            let config = Config::load(&config)?;
+        Command::Console {
+            config,
+            addr,
+            database,
+        } => {
+            let mut config = Config::load(&config)?;
+            if database.is_some() {
+                config.console.get_or_insert_with(Default::default).database = database;
+                config.validate()?;
+            }
             crate::console::serve(config, addr, shutdown_signal()).await?;
             Ok(())
         }
-        Command::Migrate { database_url } => {
-            let mut client = store::pool::connect(&database_url).await?;
-            let applied = store::migrate::run(&mut client).await?;
-            if applied.names.is_empty() {
-                println!(
-                    "{}: schema is up to date",
-                    store::pool::redact(&database_url)
-                );
-            } else {
-                for name in &applied.names {
-                    println!("applied {name}");
+        Command::Migrate {
+            config,
+            database_url,
+        } => {
+            match (config, database_url) {
+                (Some(path), _) => {
+                    let config = Config::load(&path)?;
+                    for (name, db) in config.database.iter() {
+                        let mut client = store::pool::connect_to(db).await?;
+                        let applied = store::migrate::run(&mut client).await?;
+                        print_migrated(&format!("{name} ({})", db.url), &applied.names);
+                    }
                 }
+                (None, Some(url)) => {
+                    let mut client = store::pool::connect(&url).await?;
+                    let applied = store::migrate::run(&mut client).await?;
+                    print_migrated(&store::pool::redact(&url), &applied.names);
+                }
+                (None, None) => anyhow::bail!(
+                    "give --config FILE (every database it names) or --database-url URL \
+                     (or DATABASE_URL)"
+                ),
             }
             Ok(())
         }
@@ -277,18 +330,27 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
             connect,
         } => {
             let config = Config::load(&path)?;
-            let (_, tls) = (config.database.tls)
-                .resolve(config.database.url.expose())
-                .map_err(anyhow::Error::msg)?;
-            // Reading the CA file now: a missing or unparseable one fails the check.
-            store::tls::connector(&tls)?;
+            let mut tls_of = Vec::new();
+            for (_, db) in config.database.iter() {
+                let (_, tls) = (db.tls.resolve(db.url.expose())).map_err(anyhow::Error::msg)?;
+                // Reading the CA file now: a missing or unparseable one fails the check.
+                store::tls::connector(&tls)?;
+                tls_of.push(tls);
+            }
             println!("{}: valid", path.display());
             println!("  kafka:    {}", config.kafka.brokers);
             println!("  kafka security: {}", kafka_security(&config.kafka));
-            println!("  database: {}", config.database.url);
-            match &tls.ca_file {
-                Some(ca) => println!("  database tls: {}, ca_file {}", tls.mode, ca.display()),
-                None => println!("  database tls: {}", tls.mode),
+            for ((name, db), tls) in config.database.iter().zip(&tls_of) {
+                // `database:` for [database], as before there were others.
+                let which = match name {
+                    crate::config::DEFAULT_DATABASE => "database".to_string(),
+                    n => format!("database {n}"),
+                };
+                println!("  {which}: {}", db.url);
+                match &tls.ca_file {
+                    Some(ca) => println!("  {which} tls: {}, ca_file {}", tls.mode, ca.display()),
+                    None => println!("  {which} tls: {}", tls.mode),
+                }
             }
             println!("  worker:   {}", config.worker_id());
             for c in &config.consumers {
@@ -298,11 +360,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     Strategy::Inbox => "inbox",
                 };
                 println!(
-                    "  consumer {:?}: topics {:?}, group {:?}, strategy {strategy}, handler {:?}",
+                    "  consumer {:?}: topics {:?}, group {:?}, strategy {strategy}, handler {:?}, \
+                     database {}",
                     c.name,
                     c.topics,
                     c.group_id(),
-                    c.handler
+                    c.handler,
+                    c.database_name()
                 );
                 println!(
                     "    offsets: auto_offset_reset {} (no stored offset), on_offset_out_of_range {} (a stored offset outside the log)",
@@ -367,26 +431,55 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 .await?
                 .map_err(anyhow::Error::msg)?;
                 println!("  connect kafka: ok ({brokers} broker(s) in the metadata)");
-                let db = store::pool::connect_to(&config.database).await?;
-                // A database without V12 yet has nothing recorded to compare.
-                let keys: Option<String> = db
-                    .query_one("SELECT to_regclass('consumer_keys')::text", &[])
-                    .await?
-                    .get(0);
-                if keys.is_some() {
-                    for c in &config.consumers {
-                        key_drift(&db, c).await?;
+                for (name, db) in config.database.iter() {
+                    // The default database of a config whose consumers are all elsewhere, and
+                    // that has no relay, sender or console on it, need not be there.
+                    let used = config.consumers.iter().any(|c| c.database_name() == name)
+                        || (name == crate::config::DEFAULT_DATABASE
+                            && (config.relay.is_some()
+                                || config.sender.is_some()
+                                || config.console.is_some()
+                                || config.consumers.is_empty()));
+                    let used = used
+                        || [
+                            config.relay.as_ref().and_then(|r| r.database.as_deref()),
+                            config.sender.as_ref().and_then(|s| s.database.as_deref()),
+                            config.console.as_ref().and_then(|c| c.database.as_deref()),
+                        ]
+                        .contains(&Some(name));
+                    if !used {
+                        continue;
+                    }
+                    let client = store::pool::connect_to(db).await?;
+                    // A database without V12 yet has nothing recorded to compare.
+                    let keys: Option<String> = client
+                        .query_one("SELECT to_regclass('consumer_keys')::text", &[])
+                        .await?
+                        .get(0);
+                    if keys.is_some() {
+                        for c in config
+                            .consumers
+                            .iter()
+                            .filter(|c| c.database_name() == name)
+                        {
+                            key_drift(&client, c).await?;
+                        }
+                    }
+                    let ssl: bool = client
+                        .query_one(
+                            "SELECT coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
+                            &[],
+                        )
+                        .await?
+                        .get(0);
+                    let how = if ssl { "TLS" } else { "no TLS" };
+                    match name {
+                        crate::config::DEFAULT_DATABASE => {
+                            println!("  connect database: ok ({how})")
+                        }
+                        n => println!("  connect database {n}: ok ({how})"),
                     }
                 }
-                let ssl: bool = db
-                    .query_one(
-                        "SELECT coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
-                        &[],
-                    )
-                    .await?
-                    .get(0);
-                let how = if ssl { "TLS" } else { "no TLS" };
-                println!("  connect database: ok ({how})");
             }
             Ok(())
         }
@@ -476,7 +569,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
+/// What `migrate` did to one database.
+fn print_migrated(database: &str, applied: &[String]) {
+    if applied.is_empty() {
+        println!("{database}: schema is up to date");
+    }
+    for name in applied {
+        println!("{database}: applied {name}");
+    }
+}
+
 /// Serves `/metrics`, `/healthz` and `/readyz` (of `health`) where [`metrics_addr_of`] says,
 /// if anywhere. An endpoint that cannot bind is logged, not fatal, as for `run`.
 fn serve_metrics(
@@ -565,16 +667,36 @@ async fn retention(action: RetentionAction) -> anyhow::Result<()> {
         RetentionAction::Status { config } => (config, false),
     };
     let config = Config::load(path)?;
-    let client = store::pool::connect_to(&config.database).await?;
-    let ahead = config
-        .consumers
-        .iter()
-        .map(|c| c.partitions_ahead)
-        .max()
-        .unwrap_or(3);
+    // Each database keeps its own consumers' keys: its own partitions, its own maintenance.
+    let mut names: Vec<&str> = config.consumers.iter().map(|c| c.database_name()).collect();
+    if names.is_empty() {
+        names.push(crate::config::DEFAULT_DATABASE);
+    }
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        if !config.database.named.is_empty() {
+            println!("database {name}:");
+        }
+        retention_of(&config, name, run).await?;
+    }
+    Ok(())
+}
+
+/// `retention run | status` for the database called `name` and its consumers.
+async fn retention_of(config: &Config, name: &str, run: bool) -> anyhow::Result<()> {
+    let db = config
+        .database
+        .get(Some(name))
+        .map_err(anyhow::Error::msg)?;
+    let client = store::pool::connect_to(db).await?;
+    let on: Vec<&crate::config::ConsumerConfig> = (config.consumers.iter())
+        .filter(|c| c.database_name() == name)
+        .collect();
+    let ahead = on.iter().map(|c| c.partitions_ahead).max().unwrap_or(3);
     // `run` declares this config's retention (as a worker does); `status` only reads.
     let mut days = 1;
-    for c in &config.consumers {
+    for c in &on {
         let d = crate::worker::retention_days(c.retention);
         if run {
             store::retention::declare(&client, &c.name, d).await?;

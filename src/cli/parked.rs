@@ -8,17 +8,69 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use uuid::Uuid;
 
-use crate::config::{Config, Strategy};
+use crate::config::{Config, DatabaseConfig, Strategy, DEFAULT_DATABASE};
 use crate::inbox::admin;
 use crate::operator::show::{self, As};
 use crate::operator::{self, Actor, DeadLetters, Done, InboxRows, Notifications};
 use crate::store::{self, parked::Filter};
 
-/// The config file (its `[database]` and `[kafka]` sections).
+/// The config file (its `[database]` and `[kafka]` sections), and which of its databases.
 #[derive(Debug, Args)]
 pub struct ConfigArg {
     #[arg(long, short, default_value = "effectively.toml")]
     pub config: PathBuf,
+    /// The database to work on: a `[database.NAME]` of the config (default: `[database]`).
+    /// Not needed with `--consumer`: a consumer's rows are in its own database.
+    #[arg(long)]
+    pub database: Option<String>,
+}
+
+/// A loaded config and the database a command works on.
+pub(super) struct Loaded {
+    pub config: Config,
+    pub db: DatabaseConfig,
+}
+
+impl ConfigArg {
+    /// Loads the config and picks the database: `consumer`'s, when it is one of the config's;
+    /// else `--database`; else `[database]`.
+    pub(super) fn load(&self, consumer: Option<&str>) -> anyhow::Result<Loaded> {
+        let config = Config::load(&self.config)?;
+        let name = pick_database(&config, consumer, self.database.as_deref())?;
+        let db = config
+            .database
+            .get(Some(&name))
+            .map_err(anyhow::Error::msg)?
+            .clone();
+        Ok(Loaded { config, db })
+    }
+}
+
+/// The database of `consumer` when the config has it (a `--database` that names another is
+/// refused: the consumer's rows are not there), else `database`, else the default. A consumer
+/// the config no longer has (its dead letters outlive it) is looked for in `database`.
+pub(super) fn pick_database(
+    config: &Config,
+    consumer: Option<&str>,
+    database: Option<&str>,
+) -> anyhow::Result<String> {
+    let of_consumer = consumer
+        .and_then(|name| config.consumers.iter().find(|c| c.name == name))
+        .map(|c| c.database_name());
+    let name = match (of_consumer, database) {
+        (Some(c), Some(d)) if c != d => anyhow::bail!(
+            "consumer {:?} is on database {c:?}, not {d:?}: leave --database out",
+            consumer.unwrap_or_default()
+        ),
+        (Some(c), _) => c,
+        (None, Some(d)) => d,
+        (None, None) => DEFAULT_DATABASE,
+    };
+    config
+        .database
+        .get(Some(name))
+        .map_err(anyhow::Error::msg)?;
+    Ok(name.to_string())
 }
 
 /// Which parked rows (every flag narrows).
@@ -189,15 +241,13 @@ fn header(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// A pool of one or two connections for a command's few statements.
-pub(super) fn pool(config: &Config) -> anyhow::Result<deadpool_postgres::Pool> {
+/// A pool of one or two connections to `db` for a command's few statements.
+pub(super) fn pool(db: &DatabaseConfig) -> anyhow::Result<deadpool_postgres::Pool> {
     let opts = store::pool::PoolOptions {
         size: 2,
-        connect_timeout: config.database.connect_timeout,
-        idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
-        no_parallel_query: false,
+        ..store::pool::PoolOptions::of(db)
     };
-    Ok(store::pool::build_for(&config.database, &opts)?)
+    Ok(store::pool::build_for(db, &opts)?)
 }
 
 /// Asks to type `n` when more than one row would change, unless `--yes`. Refuses on a closed
@@ -263,8 +313,8 @@ pub async fn dead_letters(action: DeadLetterAction) -> anyhow::Result<()> {
             limit,
             before,
         } => {
-            let config = Config::load(&config.config)?;
-            let client = store::pool::connect_to(&config.database).await?;
+            let target = config.load(filter.consumer.as_deref())?;
+            let client = store::pool::connect_to(&target.db).await?;
             let f = filter.filter()?;
             let n = store::parked::count_dead_letters(&client, &f, 10_000).await?;
             let rows = store::parked::dead_letters(&client, &f, before, limit).await?;
@@ -292,8 +342,8 @@ pub async fn dead_letters(action: DeadLetterAction) -> anyhow::Result<()> {
             Ok(())
         }
         DeadLetterAction::Show { config, id, how } => {
-            let config = Config::load(&config.config)?;
-            let client = store::pool::connect_to(&config.database).await?;
+            let target = config.load(None)?;
+            let client = store::pool::connect_to(&target.db).await?;
             match store::parked::dead_letter(&client, id).await? {
                 Some(d) => print!("{}", show::dead_letter(&d, how)),
                 None => anyhow::bail!("no dead letter {id}"),
@@ -306,25 +356,25 @@ pub async fn dead_letters(action: DeadLetterAction) -> anyhow::Result<()> {
             filter,
             change,
             headers,
-        } => dead_letter_change(&config.config, id, &filter, &change, Some(&headers)).await,
+        } => dead_letter_change(&config, id, &filter, &change, Some(&headers)).await,
         DeadLetterAction::Discard {
             config,
             id,
             filter,
             change,
-        } => dead_letter_change(&config.config, id, &filter, &change, None).await,
+        } => dead_letter_change(&config, id, &filter, &change, None).await,
     }
 }
 
 /// Redrive (with `headers` to add to every copy) or, without headers, discard.
 async fn dead_letter_change(
-    path: &std::path::Path,
+    config: &ConfigArg,
     id: Option<i64>,
     filter: &FilterArgs,
     change: &ChangeArgs,
     redrive: Option<&[(String, String)]>,
 ) -> anyhow::Result<()> {
-    let config = Config::load(path)?;
+    let Loaded { config, db, .. } = config.load(filter.consumer.as_deref())?;
     let sel = match selection(id, filter, change)? {
         Some(id) => DeadLetters::Id(id),
         None => DeadLetters::Matching(filter.filter()?),
@@ -334,7 +384,7 @@ async fn dead_letter_change(
     } else {
         "discard"
     };
-    let pool = pool(&config)?;
+    let pool = pool(&db)?;
     let n = operator::count_dead_letters(&pool, &sel).await?;
     if !proceed(verb, n, "dead letter(s)", change)? {
         return Ok(());
@@ -359,12 +409,12 @@ async fn dead_letter_change(
 
 /// `inbox list`: FAILED rows matching the filter, newest first.
 pub async fn inbox_list(
-    config: &Config,
+    db: &DatabaseConfig,
     filter: &FilterArgs,
     limit: i64,
     before: Option<i64>,
 ) -> anyhow::Result<()> {
-    let client = store::pool::connect_to(&config.database).await?;
+    let client = store::pool::connect_to(db).await?;
     let f = filter.filter()?;
     let n = store::parked::count_failed_inbox(&client, &f, 10_000).await?;
     let rows = store::parked::failed_inbox(&client, &f, before, limit).await?;
@@ -394,12 +444,12 @@ pub async fn inbox_list(
 
 /// `inbox show CONSUMER MESSAGE_ID`.
 pub async fn inbox_show(
-    config: &Config,
+    db: &DatabaseConfig,
     consumer: &str,
     message_id: Uuid,
     how: As,
 ) -> anyhow::Result<()> {
-    let client = store::pool::connect_to(&config.database).await?;
+    let client = store::pool::connect_to(db).await?;
     match store::parked::inbox_row(&client, consumer, message_id).await? {
         Some(r) => print!("{}", show::inbox_row(&r, how)),
         None => anyhow::bail!("no inbox row {message_id} of {consumer:?}"),
@@ -409,7 +459,7 @@ pub async fn inbox_show(
 
 /// `inbox replay --failed` and `inbox discard`: FAILED rows, one (`--id`) or by filter.
 pub async fn inbox_change(
-    config: &Config,
+    db: &DatabaseConfig,
     id: Option<Uuid>,
     filter: &FilterArgs,
     change: &ChangeArgs,
@@ -429,7 +479,7 @@ pub async fn inbox_change(
         }
     };
     let verb = if discard { "discard" } else { "replay" };
-    let pool = pool(config)?;
+    let pool = pool(db)?;
     let n = operator::count_inbox(&pool, &sel).await?;
     if !proceed(verb, n, "FAILED inbox row(s)", change)? {
         return Ok(());
@@ -454,6 +504,7 @@ pub async fn inbox_change(
 /// `inbox replay` without `--failed`: FAILED and DONE rows of one consumer.
 pub async fn inbox_replay_done(
     config: &Config,
+    db: &DatabaseConfig,
     consumer: &str,
     filter: store::inbox::ReplayFilter,
     change: &ChangeArgs,
@@ -466,7 +517,7 @@ pub async fn inbox_replay_done(
         Some(_) => {}
     }
     if change.dry_run {
-        let client = store::pool::connect_to(&config.database).await?;
+        let client = store::pool::connect_to(db).await?;
         let n = store::inbox::replay_count(&client, consumer, &filter).await?;
         println!("would replay {n} inbox row(s) of {consumer:?}");
         return Ok(());
@@ -483,7 +534,7 @@ pub async fn inbox_replay_done(
             anyhow::bail!("not confirmed: nothing replayed (pass --yes to go on without asking)");
         }
     }
-    let pool = pool(config)?;
+    let pool = pool(db)?;
     let done = operator::replay_inbox_done(
         &pool,
         consumer,
@@ -506,8 +557,8 @@ pub async fn notifications(action: NotificationAction) -> anyhow::Result<()> {
             channel,
             limit,
         } => {
-            let config = Config::load(&config.config)?;
-            let client = store::pool::connect_to(&config.database).await?;
+            let target = config.load(None)?;
+            let client = store::pool::connect_to(&target.db).await?;
             let rows = client
                 .query(
                     "SELECT event_id, channel, attempts, created_at, coalesce(last_error, '')
@@ -538,22 +589,22 @@ pub async fn notifications(action: NotificationAction) -> anyhow::Result<()> {
             config,
             which,
             change,
-        } => notification_change(&config.config, &which, &change, false).await,
+        } => notification_change(&config, &which, &change, false).await,
         NotificationAction::Discard {
             config,
             which,
             change,
-        } => notification_change(&config.config, &which, &change, true).await,
+        } => notification_change(&config, &which, &change, true).await,
     }
 }
 
 async fn notification_change(
-    path: &std::path::Path,
+    config: &ConfigArg,
     which: &NotificationArgs,
     change: &ChangeArgs,
     discard: bool,
 ) -> anyhow::Result<()> {
-    let config = Config::load(path)?;
+    let Loaded { db, .. } = config.load(None)?;
     let sel = match (which.event_id, &which.channel) {
         (Some(event_id), Some(channel)) => Notifications::Id {
             event_id,
@@ -575,7 +626,7 @@ async fn notification_change(
         }
     };
     let verb = if discard { "discard" } else { "retry" };
-    let pool = pool(&config)?;
+    let pool = pool(&db)?;
     let n = operator::count_notifications(&pool, &sel).await?;
     if !proceed(verb, n, "FAILED notification(s)", change)? {
         return Ok(());
@@ -588,4 +639,42 @@ async fn notification_change(
     };
     report(if discard { "discarded" } else { "retried" }, &done);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_database;
+    use crate::config::Config;
+
+    const TWO: &str = "[database.ledger]\nurl = \"postgres://h2/x\"\n\
+                       [[consumer]]\nname = \"payments\"\ntopics = [\"p\"]\n\
+                       handler = { kind = \"cashback\" }\n\
+                       [[consumer]]\nname = \"orders\"\ntopics = [\"o\"]\n\
+                       handler = { kind = \"cashback\" }\ndatabase = \"ledger\"\n";
+
+    #[test]
+    fn a_command_works_on_the_consumers_database() {
+        let c = Config::from_toml_str(TWO).unwrap();
+        assert_eq!(pick_database(&c, Some("orders"), None).unwrap(), "ledger");
+        assert_eq!(
+            pick_database(&c, Some("payments"), None).unwrap(),
+            "default"
+        );
+        assert_eq!(pick_database(&c, None, None).unwrap(), "default");
+        assert_eq!(pick_database(&c, None, Some("ledger")).unwrap(), "ledger");
+        // --database agreeing with the consumer is fine; contradicting it is refused.
+        assert_eq!(
+            pick_database(&c, Some("orders"), Some("ledger")).unwrap(),
+            "ledger"
+        );
+        let e = pick_database(&c, Some("orders"), Some("default")).unwrap_err();
+        assert!(e.to_string().contains("is on database \"ledger\""), "{e}");
+        // A consumer the config no longer has (its dead letters outlive it): --database.
+        assert_eq!(
+            pick_database(&c, Some("gone"), Some("ledger")).unwrap(),
+            "ledger"
+        );
+        let e = pick_database(&c, None, Some("nope")).unwrap_err();
+        assert!(e.to_string().contains("no database \"nope\""), "{e}");
+    }
 }

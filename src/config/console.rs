@@ -36,6 +36,12 @@ pub struct ConsoleConfig {
     pub refresh: Duration,
     /// Rows per page of a list.
     pub page_size: usize,
+    /// The database this console shows and acts on: a `[database.NAME]`; `None` is
+    /// `[database]`. Its pages list the consumers on that database only (their ledgers,
+    /// offsets, inbox and dead letters are there), beside that database's outbox,
+    /// notifications and audit log; run one console per database (`effectively console
+    /// --database NAME --addr ...`).
+    pub database: Option<String>,
 }
 
 /// The console's default port: beside the workers' metrics (9464), the relay's (9474) and the
@@ -53,6 +59,7 @@ impl Default for ConsoleConfig {
             mask: Vec::new(),
             refresh: Duration::from_secs(5),
             page_size: 50,
+            database: None,
         }
     }
 }

@@ -12,6 +12,10 @@ pub struct ConsumerConfig {
     /// Kafka `group.id`; `None` uses `name` (see [`ConsumerConfig::group_id`]).
     #[serde(default)]
     pub group: Option<String>,
+    /// The database that holds this consumer's ledger, offsets, inbox, dead letters and
+    /// effect: a `[database.NAME]`; `None` (or `"default"`) is `[database]`.
+    #[serde(default)]
+    pub database: Option<String>,
     #[serde(default)] // batch
     pub strategy: Strategy,
     pub handler: HandlerConfig,
@@ -147,6 +151,11 @@ impl ConsumerConfig {
                 .max_rate_burst
                 .unwrap_or_else(|| default_burst(f64::from(r))),
         })
+    }
+
+    /// The name of this consumer's database: `database`, else [`DEFAULT_DATABASE`].
+    pub fn database_name(&self) -> &str {
+        self.database.as_deref().unwrap_or(DEFAULT_DATABASE)
     }
 
     /// The Kafka consumer group: `group` if set, else `name`.

@@ -51,6 +51,14 @@ transaction_deadline = "30s"
 # &sslrootcert= are read too. Default: the URL's sslmode, else "prefer".
 # tls = { mode = "verify-full", ca_file = "/etc/effectively/db-ca.pem" }
 
+# More databases, by name: one per consumer domain (docs/SCALING.md). The same keys as
+# [database], each defaulted on its own (not from [database]); the URL's variable is
+# DATABASE_URL_<NAME>. A consumer moves to one with `database = "NAME"`: its ledger, offsets,
+# inbox, dead letters and effect all live there. `effectively migrate -c` migrates them all.
+# [database.orders]
+# url = "postgres://postgres@127.0.0.1:5433/effectively"
+# pool_size = 16
+
 [worker]
 # id = "worker-1"   # default "<hostname>-<pid>"
 # Must be less than kafka.session_timeout: revocation must finish before the coordinator
@@ -63,6 +71,7 @@ shutdown_deadline = "30s"
 # Credits 2% cashback for every payment, a batch of fresh messages per transaction.
 [[consumer]]
 name = "rewards"            # the dedupe scope, and the Kafka group unless `group` is set
+# database = "orders"       # a [database.NAME] for everything this consumer keeps; default [database]
 topics = ["payments"]
 strategy = "batch"          # or "per-message", or "inbox" (see the last consumer)
 handler = { kind = "cashback", rate_bp = 200 }
@@ -181,12 +190,14 @@ topics = { CashbackCredited = "cashback-credited" }   # event type -> topic
 batch = 500
 poll_interval = "100ms"
 published = "keep"          # or "delete"
+# database = "orders"       # relay a [database.NAME]'s outbox (default [database]; or --database)
 
 # `effectively send`: delivers notifications recorded by handlers (cashback with
 # notify = "sms") with idempotency keys.
 # [sender]
 # request_timeout = "10s"
 # sending_timeout = "60s"
+# database = "orders"        # a [database.NAME]'s notifications (default [database]; or --database)
 # [sender.channels.sms]
 # url = "https://sms.example/v1/messages"
 # lookup = true              # the provider answers GET url?idempotency_key=K
@@ -201,6 +212,7 @@ published = "keep"          # or "delete"
 # mask = ["/card/number"]    # JSON pointers shown as *** on every page
 # refresh = "5s"             # pages reload themselves (each has a Pause link); "0s": never
 # page_size = 50
+# database = "orders"        # show a [database.NAME] and its consumers (default [database])
 
 # OpenTelemetry traces over OTLP/HTTP (docs/OPERATIONS.md, "Following one payment through the
 # engine"). Off by default: then no header is read and no span is made.

@@ -14,6 +14,7 @@ use serde::{Deserialize, Deserializer};
 
 mod console;
 mod consumer;
+mod database;
 mod example;
 mod inbox;
 pub mod kafka_security;
@@ -30,6 +31,7 @@ pub use consumer::{
     default_burst, BatchConfig, ConsumerConfig, EnvelopeKind, EventDateSource, HandlerConfig,
     OffsetReset, OnTombstone, OutOfRange, RetryConfig, Strategy, Throttle,
 };
+pub use database::{DatabaseConfig, Databases, DATABASE_KEYS, DEFAULT_DATABASE};
 pub use example::EXAMPLE;
 pub use inbox::{ClaimMode, DoneRows, InboxConfig, OrderingKey};
 pub use kafka_security::{KafkaSasl, KafkaTls, SaslMechanism};
@@ -67,9 +69,10 @@ pub enum ConfigError {
 pub struct Config {
     #[serde(default)]
     pub kafka: KafkaConfig,
-    /// Optional as a whole: the URL usually comes from `DATABASE_URL`.
+    /// `[database]`, the default database (optional as a whole: the URL usually comes from
+    /// `DATABASE_URL`), and `[database.NAME]`, the named ones consumers may choose.
     #[serde(default)]
-    pub database: DatabaseConfig,
+    pub database: Databases,
     #[serde(default)]
     pub worker: WorkerConfig,
     /// `[[consumer]]`. Defaults to empty so that `validate` can say what is missing.
@@ -172,45 +175,6 @@ impl fmt::Debug for KafkaConfig {
             .field("static_membership", &self.static_membership)
             .field("options", &options)
             .finish()
-    }
-}
-
-/// `[database]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DatabaseConfig {
-    /// Overridden by `DATABASE_URL`; printed without its password.
-    pub url: Secret,
-    /// Shared by every partition's transactions; overridden by `EFFECTIVELY_POOL_SIZE`.
-    pub pool_size: usize,
-    #[serde(with = "humantime_serde")]
-    pub connect_timeout: Duration,
-    /// PostgreSQL's `idle_in_transaction_session_timeout`: the server ends the session (and
-    /// releases the locks) of a zombie worker left inside a transaction.
-    #[serde(with = "humantime_serde")]
-    pub idle_in_transaction_timeout: Duration,
-    /// The longest one transaction attempt (a batch's, a claim's, an inbox round's) waits for
-    /// PostgreSQL before its connection is dropped and the attempt retried on a new one. A
-    /// frozen server (SIGSTOP, a hung VM) still has its kernel acknowledge every packet, so
-    /// neither TCP keepalives nor the TCP user timeout notice it: only a deadline does. Above
-    /// the slowest batch the handler may legitimately take.
-    #[serde(with = "humantime_serde")]
-    pub transaction_deadline: Duration,
-    /// `[database.tls]` (or `tls = { mode = "verify-full", ca_file = "..." }`): libpq's
-    /// `sslmode` semantics; the URL's `sslmode`/`sslrootcert` work too.
-    pub tls: TlsConfig,
-}
-
-impl Default for DatabaseConfig {
-    fn default() -> Self {
-        DatabaseConfig {
-            url: Secret::new("postgres://postgres@127.0.0.1:5432/effectively"), // the local stack
-            pool_size: 16,
-            connect_timeout: Duration::from_secs(5),
-            idle_in_transaction_timeout: Duration::from_secs(60),
-            transaction_deadline: Duration::from_secs(30),
-            tls: TlsConfig::default(), // libpq's sslmode=prefer
-        }
     }
 }
 
@@ -329,13 +293,18 @@ impl Config {
             config.kafka.brokers = v;
         }
         if let Some(v) = var("DATABASE_URL") {
-            config.database.url = Secret(v);
+            config.database.default.url = Secret(v);
+        }
+        for (name, db) in &mut config.database.named {
+            if let Some(v) = var(&Databases::url_variable(name)) {
+                db.url = Secret(v);
+            }
         }
         if let Some(v) = var("EFFECTIVELY_WORKER_ID") {
             config.worker.id = Some(v);
         }
         if let Some(v) = var("EFFECTIVELY_POOL_SIZE") {
-            config.database.pool_size = v.trim().parse().map_err(|e| ConfigError::Env {
+            config.database.default.pool_size = v.trim().parse().map_err(|e| ConfigError::Env {
                 name: "EFFECTIVELY_POOL_SIZE".into(),
                 reason: format!("{v:?} is not a connection count: {e}"),
             })?;
@@ -380,15 +349,7 @@ impl Config {
         if let Err(e) = kafka_security::properties(kafka.tls.as_ref(), kafka.sasl.as_ref()) {
             problems.push(e);
         }
-        if self.database.pool_size < 1 {
-            problems.push("database.pool_size must be at least 1".into());
-        }
-        if self.database.transaction_deadline < Duration::from_secs(1) {
-            problems.push("database.transaction_deadline must be at least 1s".into());
-        }
-        if let Err(e) = self.database.tls.resolve(self.database.url.expose()) {
-            problems.push(e);
-        }
+        problems.extend(self.database.problems());
         if self.consumers.is_empty()
             && self.relay.is_none()
             && self.sender.is_none()
@@ -408,19 +369,48 @@ impl Config {
         if let Some(c) = &self.console {
             problems.extend(c.problems());
         }
+        let sections = [
+            (
+                "relay",
+                self.relay.as_ref().and_then(|r| r.database.as_deref()),
+            ),
+            (
+                "sender",
+                self.sender.as_ref().and_then(|s| s.database.as_deref()),
+            ),
+            (
+                "console",
+                self.console.as_ref().and_then(|c| c.database.as_deref()),
+            ),
+        ];
+        for (section, name) in sections {
+            if let Some(name) = name {
+                if let Err(e) = self.database.get(Some(name)) {
+                    problems.push(format!("{section}.database = {name:?}: {e}"));
+                }
+            }
+        }
         problems.extend(self.tracing.problems());
         // Each processor holds a connection for its whole round; the receivers, maintenance and
-        // the gauges need theirs too, or they wait for a processor to finish.
-        let processors: usize = (self.consumers.iter())
-            .filter(|c| c.strategy == Strategy::Inbox)
-            .map(|c| c.inbox.processors)
-            .sum();
-        if processors > 0 && self.database.pool_size < processors + 2 {
-            problems.push(format!(
-                "database.pool_size ({}) must be at least the inbox processors of all consumers \
-                 ({processors}) plus 2: each processor holds a connection while it works",
-                self.database.pool_size
-            ));
+        // the gauges need theirs too, or they wait for a processor to finish. Per database:
+        // each has its own pool.
+        for (name, db) in self.database.iter() {
+            let processors: usize = (self.consumers.iter())
+                .filter(|c| c.strategy == Strategy::Inbox && c.database_name() == name)
+                .map(|c| c.inbox.processors)
+                .sum();
+            if processors > 0 && db.pool_size < processors + 2 {
+                let at = match name {
+                    DEFAULT_DATABASE => "database".to_string(),
+                    n => format!("database.{n}"),
+                };
+                problems.push(format!(
+                    "{at}.pool_size ({}) must be at least the inbox processors of all consumers \
+                     on it ({processors}) plus 2: each processor holds a connection while it \
+                     works",
+                    db.pool_size
+                ));
+            }
         }
         let mut names = HashSet::new();
         for c in &self.consumers {
@@ -433,12 +423,42 @@ impl Config {
             for p in c.problems() {
                 problems.push(format!("consumer {:?}: {p}", c.name));
             }
+            if let Some(name) = &c.database {
+                if let Err(e) = self.database.get(Some(name)) {
+                    problems.push(format!("consumer {:?}: database = {name:?}: {e}", c.name));
+                }
+            }
         }
         if problems.is_empty() {
             Ok(())
         } else {
             Err(ConfigError::Invalid(problems.join("; ")))
         }
+    }
+
+    /// The database of consumer `c`: its `database = "NAME"`, else the default. An error
+    /// only for a config that skipped [`Config::validate`] (built in code).
+    pub fn database_of(&self, c: &ConsumerConfig) -> Result<&DatabaseConfig, String> {
+        (self.database.get(c.database.as_deref()))
+            .map_err(|e| format!("consumer {:?}: {e}", c.name))
+    }
+
+    /// The consumer named `name`, or a sentence naming those there are.
+    pub fn consumer(&self, name: &str) -> Result<&ConsumerConfig, String> {
+        self.consumers
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.consumers.iter().map(|c| c.name.as_str()).collect();
+                format!(
+                    "no consumer {name:?} in the config (it has: {})",
+                    if names.is_empty() {
+                        "none".into()
+                    } else {
+                        names.join(", ")
+                    }
+                )
+            })
     }
 
     /// `worker.id` if set, else `<hostname>-<pid>`: unique per running process, and readable

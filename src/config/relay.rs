@@ -18,6 +18,10 @@ pub struct RelayConfig {
     pub topic: Option<String>,
     /// Rows claimed, published and marked per transaction.
     pub batch: usize,
+    /// The database whose `outbox` table this relay works: a `[database.NAME]`; `None` is
+    /// `[database]`. `effectively relay --database NAME` overrides it; one relay
+    /// process works one database.
+    pub database: Option<String>,
     /// How long an idle relay waits before it looks again; one that claimed a full batch looks
     /// again at once.
     #[serde(with = "humantime_serde")]
@@ -36,6 +40,7 @@ impl Default for RelayConfig {
             topics: BTreeMap::new(),
             topic: None,
             batch: 500,
+            database: None,
             poll_interval: Duration::from_millis(100),
             published: Published::Keep,
             publish_timeout: Duration::from_secs(30),

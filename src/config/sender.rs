@@ -17,6 +17,10 @@ pub struct SenderConfig {
     pub channels: BTreeMap<String, ChannelConfig>,
     /// Notifications claimed per round (each one sent on its own, concurrently).
     pub batch: usize,
+    /// The database whose `notifications` table this sender works: a `[database.NAME]`; `None` is
+    /// `[database]`. `effectively send --database NAME` overrides it; one sender
+    /// process works one database.
+    pub database: Option<String>,
     /// How long an idle sender waits before it looks again.
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
@@ -38,6 +42,7 @@ impl Default for SenderConfig {
         SenderConfig {
             channels: BTreeMap::new(),
             batch: 20,
+            database: None,
             poll_interval: Duration::from_millis(200),
             request_timeout: Duration::from_secs(10),
             sending_timeout: Duration::from_secs(60),

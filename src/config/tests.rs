@@ -55,7 +55,7 @@ fn example_parses_validates_and_shows_the_defaults() {
 #[test]
 fn minimal_config_gets_the_defaults() {
     let config = Config::from_toml_str(MINIMAL).expect("valid");
-    let (k, d, w) = (&config.kafka, &config.database, &config.worker);
+    let (k, d, w) = (&config.kafka, &config.database.default, &config.worker);
     assert_eq!(k.brokers, "127.0.0.1:9092");
     assert_eq!(k.session_timeout, 45 * SEC);
     assert_eq!(k.max_poll_interval, 300 * SEC);
@@ -243,9 +243,9 @@ fn env_overrides_apply() {
     let _ = std::fs::remove_file(&path);
     let config = config.expect("valid");
     assert_eq!(config.kafka.brokers, "k1:9092,k2:9092");
-    assert_eq!(config.database.url.expose(), "postgres://u:pw@db/x");
+    assert_eq!(config.database.default.url.expose(), "postgres://u:pw@db/x");
     assert_eq!(config.worker_id(), "w7");
-    assert_eq!(config.database.pool_size, 4);
+    assert_eq!(config.database.default.pool_size, 4);
     assert!(matches!(bad, Err(ConfigError::Env { name, .. }) if name.ends_with("POOL_SIZE")));
     assert!(matches!(zero, Err(ConfigError::Invalid(_))));
     let missing = Config::load_with_env(&path, |_| None);
@@ -265,8 +265,11 @@ fn debug_never_shows_passwords() {
         debug.contains("postgres://u:***@h/db") && debug.contains("\"7\""),
         "{debug}"
     );
-    assert_eq!(config.database.url.to_string(), "postgres://u:***@h/db");
-    assert_eq!(config.database.url.expose(), "postgres://u:pw@h/db");
+    assert_eq!(
+        config.database.default.url.to_string(),
+        "postgres://u:***@h/db"
+    );
+    assert_eq!(config.database.default.url.expose(), "postgres://u:pw@h/db");
     let plain = "postgres://postgres@127.0.0.1:5432/effectively";
     assert_eq!(redact(plain), plain);
     assert_eq!(redact("postgres://u:p/w@h/db"), "postgres://u:***@h/db");

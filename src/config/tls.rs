@@ -300,10 +300,13 @@ mod config_tests {
         ))
         .unwrap();
         for c in [inline, table] {
-            assert_eq!(c.database.tls.mode, Some(TlsMode::VerifyFull));
-            assert_eq!(c.database.tls.ca_file, Some(PathBuf::from("/etc/ca.pem")));
+            assert_eq!(c.database.default.tls.mode, Some(TlsMode::VerifyFull));
+            assert_eq!(
+                c.database.default.tls.ca_file,
+                Some(PathBuf::from("/etc/ca.pem"))
+            );
         }
-        assert_eq!(load("").unwrap().database.tls.mode, None);
+        assert_eq!(load("").unwrap().database.default.tls.mode, None);
     }
 
     #[test]

@@ -125,6 +125,11 @@ pub struct Shared {
     pub(crate) kafka: Result<KafkaLookup, String>,
     /// The producer redrives send with; only when writes are on.
     pub(crate) redriver: Option<crate::operator::Redriver>,
+    /// The database shown, by name, when the config has more than one (the pages say which).
+    pub(crate) database: Option<String>,
+    /// The config's consumers on other databases, with their database: a page asked for one
+    /// says where it is.
+    pub(crate) elsewhere: std::collections::HashMap<String, String>,
 }
 
 impl Shared {
@@ -161,19 +166,31 @@ pub async fn bind(config: &Config, addr: Option<SocketAddr>) -> Result<Bound, Co
     if !problems.is_empty() {
         return Err(ConsoleError::Config(problems.join("; ")));
     }
+    // One database: `console.database` (or `--database`), else `[database]`. Its pages list
+    // the consumers whose rows are there; the others have a console of their own.
+    let name = (settings.database.as_deref()).unwrap_or(crate::config::DEFAULT_DATABASE);
+    let db = config
+        .database
+        .get(Some(name))
+        .map_err(ConsoleError::Config)?;
     // A wrong URL, CA or password stops the start, not every page.
-    pool::connect_to(&config.database).await?;
+    pool::connect_to(db).await?;
     let opts = pool::PoolOptions {
         size: 4,
-        connect_timeout: config.database.connect_timeout,
-        idle_in_transaction_timeout: config.database.idle_in_transaction_timeout,
         no_parallel_query: true,
+        ..pool::PoolOptions::of(db)
     };
     let shared = Arc::new(Shared {
-        pool: pool::build_for(&config.database, &opts)?,
+        pool: pool::build_for(db, &opts)?,
         mask: mask::Mask::new(&settings.mask),
         token,
+        database: (!config.database.named.is_empty()).then(|| name.to_string()),
+        elsewhere: (config.consumers.iter())
+            .filter(|c| c.database_name() != name)
+            .map(|c| (c.name.clone(), c.database_name().to_string()))
+            .collect(),
         consumers: (config.consumers.iter())
+            .filter(|c| c.database_name() == name)
             .map(|c| ConsumerInfo {
                 name: c.name.clone(),
                 topics: c.topics.clone(),
@@ -313,6 +330,8 @@ pub struct Chrome {
     /// The link that resumes them (when paused).
     pub resume: Option<String>,
     pub writes: bool,
+    /// The database this console shows, when the config has several.
+    pub database: Option<String>,
 }
 
 impl Chrome {
@@ -325,6 +344,7 @@ impl Chrome {
             pause: None,
             resume: None,
             writes: shared.settings.writes,
+            database: shared.database.clone(),
         }
     }
 
@@ -343,6 +363,7 @@ impl Chrome {
             pause: None,
             resume: None,
             writes: shared.settings.writes,
+            database: shared.database.clone(),
         };
         let every = shared.settings.refresh.as_secs();
         if !live || every == 0 {
@@ -387,6 +408,7 @@ pub(crate) fn error_page(status: StatusCode, title: &str, message: &str) -> Resp
             pause: None,
             resume: None,
             writes: false,
+            database: None,
         },
         message,
     };

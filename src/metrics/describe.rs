@@ -110,17 +110,17 @@ pub(super) fn describe() {
     describe_gauge!(
         DEDUPE_PARTITION_ROWS,
         Unit::Count,
-        "Estimated rows of each daily processed_messages partition (sampled)."
+        "Estimated rows of each daily processed_messages partition, by database and day (sampled)."
     );
     describe_gauge!(
         DEDUPE_PARTITION_BYTES,
         Unit::Bytes,
-        "Size of each daily processed_messages partition with its index (sampled)."
+        "Size of each daily processed_messages partition with its index, by database and day (sampled)."
     );
     describe_gauge!(
         DEDUPE_PARTITIONS_AHEAD,
         Unit::Count,
-        "Days after today that already have a dedupe partition (sampled)."
+        "Days after today that already have a dedupe partition, by database (sampled)."
     );
     describe_gauge!(
         INBOX_ROWS,
@@ -225,7 +225,12 @@ pub(super) fn describe() {
     describe_gauge!(
         POOL_CONNECTIONS,
         Unit::Count,
-        "PostgreSQL connections of the pool, by state: in_use, idle."
+        "PostgreSQL connections of the pool, by database (default for [database], else the [database.NAME]) and state: in_use, idle."
+    );
+    describe_gauge!(
+        CONSUMER_DATABASE,
+        Unit::Count,
+        "1 for the database that holds the consumer's ledger, offsets, inbox and dead letters (default for [database], else the consumer's [database.NAME])."
     );
     describe_gauge!(
         OFFSET_OUT_OF_RANGE,

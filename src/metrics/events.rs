@@ -175,19 +175,30 @@ pub fn dead_letters_waiting(consumer: &str, rows: i64) {
     gauge!(DEAD_LETTERS_WAITING, "consumer" => consumer.to_string()).set(rows as f64);
 }
 
-pub fn dedupe_partition(date: chrono::NaiveDate, rows: f64, bytes: f64) {
-    let d = date.format("%Y-%m-%d").to_string();
-    gauge!(DEDUPE_PARTITION_ROWS, "day" => d.clone()).set(rows);
-    gauge!(DEDUPE_PARTITION_BYTES, "day" => d).set(bytes);
+/// One daily partition of `database`'s ledger (`default` for `[database]`).
+pub fn dedupe_partition(database: &str, date: chrono::NaiveDate, rows: f64, bytes: f64) {
+    let (db, d) = (database.to_string(), date.format("%Y-%m-%d").to_string());
+    gauge!(DEDUPE_PARTITION_ROWS, "database" => db.clone(), "day" => d.clone()).set(rows);
+    gauge!(DEDUPE_PARTITION_BYTES, "database" => db, "day" => d).set(bytes);
 }
 
-pub fn dedupe_partitions_ahead(days: i64) {
-    gauge!(DEDUPE_PARTITIONS_AHEAD).set(days as f64);
+pub fn dedupe_partitions_ahead(database: &str, days: i64) {
+    gauge!(DEDUPE_PARTITIONS_AHEAD, "database" => database.to_string()).set(days as f64);
 }
 
-pub fn pool(in_use: usize, idle: usize) {
-    gauge!(POOL_CONNECTIONS, "state" => "in_use").set(in_use as f64);
-    gauge!(POOL_CONNECTIONS, "state" => "idle").set(idle as f64);
+/// The pool of `database`, as its sampler last saw it.
+pub fn pool(database: &str, in_use: usize, idle: usize) {
+    let db = database.to_string();
+    gauge!(POOL_CONNECTIONS, "database" => db.clone(), "state" => "in_use").set(in_use as f64);
+    gauge!(POOL_CONNECTIONS, "database" => db, "state" => "idle").set(idle as f64);
+}
+
+/// Which database holds `consumer`'s ledger: an info series (always 1) to join the
+/// per-consumer series with the per-database ones (`* on (consumer) group_left (database)`).
+pub fn consumer_database(consumer: &str, database: &str) {
+    gauge!(CONSUMER_DATABASE, "consumer" => consumer.to_string(),
+        "database" => database.to_string())
+    .set(1.0);
 }
 
 /// An inbox processor's round committed: `done` rows applied, `retry` rows rescheduled,

@@ -49,6 +49,7 @@ pub const DEDUPE_PARTITION_ROWS: &str = "effectively_dedupe_partition_rows";
 pub const DEDUPE_PARTITION_BYTES: &str = "effectively_dedupe_partition_bytes";
 pub const DEDUPE_PARTITIONS_AHEAD: &str = "effectively_dedupe_partitions_ahead_days";
 pub const POOL_CONNECTIONS: &str = "effectively_pool_connections";
+pub const CONSUMER_DATABASE: &str = "effectively_consumer_database";
 pub const INBOX_ROWS: &str = "effectively_inbox_rows";
 pub const INBOX_OLDEST_PENDING_AGE: &str = "effectively_inbox_oldest_pending_age_seconds";
 pub const INBOX_CLAIM_DURATION: &str = "effectively_inbox_claim_duration_seconds";
@@ -107,6 +108,7 @@ pub const ALL: &[&str] = &[
     DEDUPE_PARTITION_BYTES,
     DEDUPE_PARTITIONS_AHEAD,
     POOL_CONNECTIONS,
+    CONSUMER_DATABASE,
     INBOX_ROWS,
     INBOX_OLDEST_PENDING_AGE,
     INBOX_CLAIM_DURATION,

@@ -35,6 +35,19 @@ UPDATE consumer_offsets SET next_offset = $6, updated_at = now()
 WHERE consumer = $1 AND topic = $2 AND partition = $3 AND epoch = $4
   AND next_offset IS NOT DISTINCT FROM $5";
 
+const ANY_STORED: &str = "\
+SELECT EXISTS (SELECT 1 FROM consumer_offsets WHERE consumer = $1 AND next_offset IS NOT NULL)";
+
+/// Whether `consumer` has applied anything in this database (a stored offset). A worker asks
+/// the other databases it uses, to refuse a consumer moved from one of them (its ledger and
+/// offsets stay behind).
+pub async fn any_stored<C: GenericClient + Sync>(
+    client: &C,
+    consumer: &str,
+) -> Result<bool, StoreError> {
+    Ok(client.query_one(ANY_STORED, &[&consumer]).await?.get(0))
+}
+
 /// Locks a commit group's rows in partition order, so two groups that share a partition (a
 /// zombie's and its successor's) wait for each other instead of deadlocking.
 const LOCK_MANY: &str = "\

@@ -1,11 +1,12 @@
 //! The connection pool, built from a `postgres://` URL and `[database.tls]`. Every connection
 //! of the engine is made here, so that none bypasses the TLS settings.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use deadpool_postgres::{HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
-use crate::config::{DatabaseConfig, Tls, TlsConfig};
+use crate::config::{Config, ConsumerConfig, DatabaseConfig, Tls, TlsConfig};
 use crate::store::tls::{self, TlsError};
 
 /// The longest a statement waits for a server that went silent without closing the socket
@@ -31,6 +32,10 @@ pub enum PoolError {
     Tls(#[from] TlsError),
     #[error("could not build the connection pool: {0}")]
     Build(#[from] deadpool_postgres::BuildError),
+    /// A consumer names a database the config does not have (a config built in code that
+    /// skipped `Config::validate`).
+    #[error("{0}")]
+    Unknown(String),
     /// `explained`: what to fix, when the cause is TLS (a wrong CA, a host name the
     /// certificate does not list, a server that refuses plaintext).
     #[error(
@@ -58,6 +63,85 @@ pub struct PoolOptions {
     /// No parallel query on these sessions (the console's: a page's capped count finishes
     /// sooner alone than with workers to start, and those workers take the engine's cores).
     pub no_parallel_query: bool,
+}
+
+impl PoolOptions {
+    /// `db`'s settings: its `pool_size`, timeouts, parallel query on. A caller that needs a
+    /// few connections only (a command, the console) sets `size` itself.
+    pub fn of(db: &DatabaseConfig) -> PoolOptions {
+        PoolOptions {
+            size: db.pool_size,
+            connect_timeout: db.connect_timeout,
+            idle_in_transaction_timeout: db.idle_in_transaction_timeout,
+            no_parallel_query: false,
+        }
+    }
+}
+
+/// A process's pools, one per database it uses, by the database's name (`default` for
+/// `[database]`, else its `[database.NAME]`). Everything per consumer (its partitions'
+/// transactions, claims, control, inbox processors, gauges) takes the pool of the consumer's
+/// database from here: above `store/`, nothing needs to know how many databases there are.
+#[derive(Clone, Default)]
+pub struct Pools {
+    pools: BTreeMap<String, Named>,
+}
+
+/// One database's pool, with the settings it was built from.
+#[derive(Clone)]
+pub struct Named {
+    pub name: String,
+    pub config: DatabaseConfig,
+    pub pool: Pool,
+}
+
+impl Pools {
+    /// A pool for each database that `consumers` use, with `options` for each (lazy: no
+    /// connection is opened here).
+    pub fn for_consumers<'a>(
+        config: &Config,
+        consumers: impl IntoIterator<Item = &'a ConsumerConfig>,
+        options: impl Fn(&DatabaseConfig) -> PoolOptions,
+    ) -> Result<Pools, PoolError> {
+        let mut pools = BTreeMap::new();
+        for c in consumers {
+            let name = c.database_name();
+            if pools.contains_key(name) {
+                continue;
+            }
+            let db = config.database_of(c).map_err(PoolError::Unknown)?;
+            let named = Named {
+                name: name.to_string(),
+                config: db.clone(),
+                pool: build_for(db, &options(db))?,
+            };
+            pools.insert(name.to_string(), named);
+        }
+        Ok(Pools { pools })
+    }
+
+    /// The pool of consumer `c`'s database; `None` when this process holds no pool for it.
+    pub fn of(&self, c: &ConsumerConfig) -> Option<&Named> {
+        self.pools.get(c.database_name())
+    }
+
+    /// The pool of the database called `name`.
+    pub fn get(&self, name: &str) -> Option<&Named> {
+        self.pools.get(name)
+    }
+
+    /// Every pool, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Named> {
+        self.pools.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.pools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty()
+    }
 }
 
 /// A pool of connections to `url`. Each new connection gets the session's staging table

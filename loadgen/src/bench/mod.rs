@@ -23,13 +23,16 @@
 //! 12. the registry formats: the batch drain in JSON, Avro, Protobuf and JSON Schema, msg/s and
 //!     worker CPU per message side by side (`formats`);
 //! 13. traces: the batch drain of records that each carry a `traceparent`, with tracing off, on
-//!     at a sampling ratio of 0.1 and on at 1.0 exporting to Jaeger, side by side (`traces`).
+//!     at a sampling ratio of 0.1 and on at 1.0 exporting to Jaeger, side by side (`traces`);
+//! 14. two consumers on two PostgreSQL servers against both on one: msg/s and CPU per message,
+//!     the worker's and both servers' (`databases`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
 //! Absolute numbers depend on the machine; the ratios are what to compare.
 
 mod codecs;
 mod connect;
+mod databases;
 mod db;
 mod drain;
 mod formats;
@@ -101,6 +104,9 @@ pub struct BenchArgs {
     /// own queueing on a busy machine (docs/PERFORMANCE.md, "Where the tail was").
     #[arg(long, env = "BENCH_LATENCY_FROM", default_value = "append", value_parser = ["append", "producer"])]
     pub(super) latency_from: String,
+    /// The databases phase's second server.
+    #[command(flatten)]
+    pub(super) databases: databases::DatabasesArgs,
 }
 
 /// The phases of `loadgen bench`, in the order they run.
@@ -126,6 +132,8 @@ pub enum Phase {
     Joins,
     /// The batch drain with tracing off, on at 0.1 and on at 1.0 (exporting to Jaeger).
     Tracing,
+    /// Two consumers on two PostgreSQL servers against both on one (`DATABASE_URL_2`).
+    Databases,
 }
 
 struct Sizes {
@@ -155,6 +163,10 @@ struct Sizes {
     /// Payments of each tracing drain: a quarter of the batch drain's, at least 50,000, as the
     /// codecs' (off and 0.1 in two halves each).
     tracing: u64,
+    /// Payments of each topic of the databases phase (two topics a run, four runs): a tenth of
+    /// the batch drain's, at least 100,000. At 25,000 (2026-12-07) a run drained both topics in
+    /// 1.1 to 1.4 s, where the worker's start and the group's join weigh on the rate.
+    databases: u64,
 }
 
 /// The inbox curve's size limit: each of its six runs stores the topic and applies every row,
@@ -194,6 +206,7 @@ impl Sizes {
             codecs: (batch / 4).max(50_000),
             formats: (batch / 10).clamp(50_000, 100_000),
             tracing: (batch / 4).max(50_000),
+            databases: (batch / 10).max(100_000),
         })
     }
 }
@@ -312,6 +325,10 @@ struct BenchReport {
     tracing: traces::Tracing,
     #[serde(skip_serializing_if = "Option::is_none")]
     tracing_error: Option<String>,
+    /// Two consumers on two PostgreSQL servers against both on one: msg/s and CPU per message.
+    databases: databases::Databases,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    databases_error: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -645,6 +662,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             Err(e) => {
                 eprintln!("   the tracing phase failed: {e:#}");
                 report.tracing_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
+    }
+
+    if wants(Phase::Databases) {
+        eprintln!(
+            "== databases: two consumers draining 2 x {} payments in one worker, both on one \
+             PostgreSQL, then each on its own",
+            sizes.databases
+        );
+        match databases::databases(&bin, &args, sizes.databases).await {
+            Ok(d) => {
+                report.verified &= d.verified;
+                report.databases = d;
+            }
+            Err(e) => {
+                eprintln!("   the databases phase failed: {e:#}");
+                report.databases_error = Some(format!("{e:#}"));
                 report.verified = false;
             }
         }

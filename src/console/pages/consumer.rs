@@ -101,10 +101,15 @@ pub(crate) fn find<'a>(
     name: Option<&str>,
 ) -> Result<&'a ConsumerInfo, ConsoleError> {
     let name = name.ok_or_else(|| ConsoleError::BadRequest("which consumer? (?name=…)".into()))?;
-    s.consumers
-        .iter()
-        .find(|c| c.name == name)
-        .ok_or_else(|| ConsoleError::NotFound(format!("This config has no consumer {name:?}.")))
+    s.consumers.iter().find(|c| c.name == name).ok_or_else(|| {
+        ConsoleError::NotFound(match s.elsewhere.get(name) {
+            Some(db) => format!(
+                "Consumer {name:?} is on database {db:?}, which another console shows: \
+                 effectively console --database {db}."
+            ),
+            None => format!("This config has no consumer {name:?}."),
+        })
+    })
 }
 
 /// A scope as a table cell: "consumer", "topic t", "t [3]".
