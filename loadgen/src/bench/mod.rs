@@ -18,7 +18,7 @@
 //! 9. River, the Go job queue on PostgreSQL, working no-op jobs against our inbox processors
 //!    applying as many stored rows with a no-op effect (`river.rs`);
 //! 10. the pre-filter's replays (`replay`), 1 to 3 workers draining one topic, and
-//!    retention (dropping a day against deleting it);
+//!     retention (dropping a day against deleting it);
 //! 11. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers, and
 //!     with commit groups (`partitions_scale`);
 //! 12. compression codecs: the batch drain of a topic written with none, zstd, gzip, snappy and
