@@ -112,16 +112,20 @@ demo: up
 
 # Side by side, one run: the SQL ceiling, the batch and per-message strategies draining a
 # pre-filled topic, Kafka Connect with a JDBC sink as their peer (its jars fetched by
-# scripts/connect.sh), the inbox's processor curve and its processors against River (the Go job
-# queue: loadgen builds peers/river with Go 1.26 into target/peers/, modules from the Go module
-# proxy), latency at 500 and 2,000 msg/s, the pre-filter's replays, 1 to 3 workers on one topic,
-# RSS and CPU per message, the batch drain in JSON, Avro, Protobuf and JSON Schema (the
-# stack's Schema Registry, started if need be), and two consumers on two PostgreSQL servers
-# against both on one (the stack's second server, started here). Writes target/bench/report.json.
-# BENCH_SCALE=quick takes about 10 minutes; BENCH_ONLY=river,inbox runs some phases.
+# scripts/connect.sh), Flink's exactly-once JDBC sink (XA) as another (peers/flink-xa, built
+# with mvn by scripts/flink.sh: drains at two checkpoint intervals, p99 at 2,000 msg/s, a SIGKILL
+# and a restart from its checkpoint), the inbox's processor curve and its processors against
+# River (the Go job queue: loadgen builds peers/river with Go 1.26 into target/peers/, modules
+# from the Go module proxy), latency at 500 and 2,000 msg/s, the pre-filter's replays, 1 to 3
+# workers on one topic, RSS and CPU per message, the batch drain in JSON, Avro, Protobuf and
+# JSON Schema (the stack's Schema Registry, started if need be), and two consumers on two
+# PostgreSQL servers against both on one (the stack's second server, started here). Writes
+# target/bench/report.json. BENCH_SCALE=quick takes about 10 minutes; BENCH_ONLY=river,inbox runs
+# some phases (BENCH_ONLY=drains,latency,flink gives batch_vs_flink_xa and the p99 ratio).
 bench: up pg2-up
 	cargo build -q --release --workspace --bins
 	scripts/connect.sh fetch
+	scripts/flink.sh build
 	$(WITH_ENV) target/release/effectively migrate >/dev/null
 	$(WITH_ENV) target/release/loadgen bench
 

@@ -53,21 +53,30 @@ stop_pidfile() {
 # ---------------------------------------------------------------------------------------------
 
 kafka_version() { sed -n 's#.*<artifactId>kafka_2.13</artifactId><version>\([^<]*\)<.*#\1#p' "$POM"; }
-kafka_pom_hash() { sha256sum "$POM" | cut -c1-16; }
+# The hash of $POM and, when POM_SOURCES names a folder (a pom that builds classes of its own),
+# of every file under it.
+kafka_pom_hash() {
+  {
+    cat "$POM"
+    if [ -n "${POM_SOURCES:-}" ]; then find "$POM_SOURCES" -type f | LC_ALL=C sort | xargs cat; fi
+  } | sha256sum | cut -c1-16
+}
 # kafka_jars_current DIR: DIR holds the jars of the current pom.
 kafka_jars_current() { [ "$(kafka_pom_hash)" = "$(cat "$1/.pom-hash" 2>/dev/null || true)" ]; }
 
-# mvn_jars DIR WHAT: the runtime jars of $POM copied into DIR (through DIR.tmp, stamped with the
-# pom's hash), unless DIR holds the current pom's already; WHAT names them in messages.
+# mvn_jars DIR WHAT [BUILT]: the runtime jars of $POM copied into DIR (through DIR.tmp, stamped
+# with the pom's hash), unless DIR holds the current pom's already; WHAT names them in messages.
+# BUILT: the jar of the pom's own classes, which `mvn package` makes first and DIR gets too.
 mvn_jars() {
-  local dir=$1 what=$2
+  local dir=$1 what=$2 built=${3:-}
   kafka_jars_current "$dir" && return 0
   command -v mvn >/dev/null || die "mvn is needed to fetch $what from Maven Central"
   log "fetching $what with mvn (cached in ~/.m2 and $dir)"
   rm -rf "$dir.tmp"
-  mvn -B -q -f "$POM" dependency:copy-dependencies \
+  mvn -B -q -f "$POM" ${built:+package} dependency:copy-dependencies \
     -DoutputDirectory="$dir.tmp" -DincludeScope=runtime >"$STACK_DIR/mvn.log" 2>&1 ||
     { tail -30 "$STACK_DIR/mvn.log" >&2; die "mvn could not fetch $what"; }
+  [ -z "$built" ] || cp "$built" "$dir.tmp/"
   kafka_pom_hash >"$dir.tmp/.pom-hash"
   rm -rf "${dir:?}"
   mv "$dir.tmp" "$dir"
@@ -176,11 +185,14 @@ pg_initdb() {
 
 # pg_start DATA PORT [OPTIONS]: postgres on 127.0.0.1:PORT only (no Unix socket), its log in
 # DATA/server.log. fsync and synchronous_commit stay on: we sell durability, and measure with it.
+# max_prepared_transactions: the bench's Flink peer commits through XA (PREPARE TRANSACTION),
+# which PostgreSQL refuses at its default of 0; 64 holds its 6 sinks' transactions of two
+# checkpoints and a crashed run's leftovers. Set at start-up (it needs a restart to change).
 pg_start() {
   as_postgres "$(pg_bin)/pg_ctl" -D "$1" -l "$1/server.log" -w -t 60 start -o \
     "-p $2 -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=300 \
      -c shared_buffers=256MB -c max_wal_size=2GB -c fsync=on -c synchronous_commit=on \
-     -c shared_preload_libraries=pg_stat_statements ${3:-}" \
+     -c shared_preload_libraries=pg_stat_statements -c max_prepared_transactions=64 ${3:-}" \
     >/dev/null || { tail -30 "$1/server.log" >&2; die "postgresql did not start"; }
 }
 

@@ -50,10 +50,6 @@ pub fn build_report(
     latencies: &[(f64, f64)],
     lag: Vec<LagPoint>,
 ) -> Report {
-    let mut hist = latency_histogram();
-    for (_, ms) in latencies {
-        hist.saturating_record((ms * 1000.0) as u64);
-    }
     let pct = |h: &hdrhistogram::Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     // Per second of commit time.
     let mut per_second: std::collections::BTreeMap<i64, hdrhistogram::Histogram<u64>> =
@@ -126,13 +122,7 @@ pub fn build_report(
             0.0
         },
         commit_span_s: span,
-        latency_ms: report::Latency {
-            p50: pct(&hist, 0.5),
-            p90: pct(&hist, 0.9),
-            p99: pct(&hist, 0.99),
-            p999: pct(&hist, 0.999),
-            max: hist.max() as f64 / 1000.0,
-        },
+        latency_ms: latency_of(latencies.iter().map(|l| l.1)),
         clock_step_s: 0.0,
         verified: verdict.verified,
         anomalies: report::Anomalies {
@@ -150,6 +140,23 @@ pub fn build_report(
             produced,
             lag,
         },
+    }
+}
+
+/// The percentiles of latencies in ms, as every report counts them (microseconds, 3
+/// significant digits).
+pub fn latency_of(ms: impl IntoIterator<Item = f64>) -> report::Latency {
+    let mut hist = latency_histogram();
+    for ms in ms {
+        hist.saturating_record((ms * 1000.0) as u64);
+    }
+    let pct = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    report::Latency {
+        p50: pct(0.5),
+        p90: pct(0.9),
+        p99: pct(0.99),
+        p999: pct(0.999),
+        max: hist.max() as f64 / 1000.0,
     }
 }
 

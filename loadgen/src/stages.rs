@@ -65,6 +65,18 @@ impl Produced {
             .collect()
     }
 
+    /// How many acknowledged records each payment's event id has (an original and its resends
+    /// share it): how many times a table that counts its writes must have applied each.
+    pub fn copies_by_event(&self) -> std::collections::HashMap<uuid::Uuid, u32> {
+        let mut copies = std::collections::HashMap::new();
+        for s in self.log.iter().filter(|s| s.acked && !s.kind.is_poison()) {
+            if let Some(id) = s.event_id {
+                *copies.entry(id).or_default() += 1;
+            }
+        }
+        copies
+    }
+
     /// Stops sampling the engine consumer's lag: for a topic that no engine consumer drains.
     pub fn stop_sampling(&self) {
         self.sampler.abort();

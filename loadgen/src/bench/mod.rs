@@ -12,19 +12,22 @@
 //!    writes per message of the drains and of the inbox, from PostgreSQL;
 //! 7. a peer: Kafka Connect with Debezium's JDBC sink upserting the same kind of topic by event
 //!    id, right after the drains (`connect`);
-//! 8. River, the Go job queue on PostgreSQL, working no-op jobs against our inbox processors
+//! 8. a peer: Flink's exactly-once JDBC sink (XA) upserting the same kind of topic by event id,
+//!    at two checkpoint intervals, its latency at 2,000 msg/s and a SIGKILL mid-stream
+//!    (`flink/`), after the latency phase;
+//! 9. River, the Go job queue on PostgreSQL, working no-op jobs against our inbox processors
 //!    applying as many stored rows with a no-op effect (`river.rs`);
-//! 9. the pre-filter's replays (`replay`), 1 to 3 workers draining one topic, and
-//!    retention (dropping a day against deleting it);
-//! 10. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers, and
+//! 10. the pre-filter's replays (`replay`), 1 to 3 workers draining one topic, and
+//!     retention (dropping a day against deleting it);
+//! 11. many partitions: 2,000 msg/s over 6, 60 and 300 partitions, one and two workers, and
 //!     with commit groups (`partitions_scale`);
-//! 11. compression codecs: the batch drain of a topic written with none, zstd, gzip, snappy and
+//! 12. compression codecs: the batch drain of a topic written with none, zstd, gzip, snappy and
 //!     lz4, msg/s and worker CPU per message side by side (`codecs`);
-//! 12. the registry formats: the batch drain in JSON, Avro, Protobuf and JSON Schema, msg/s and
+//! 13. the registry formats: the batch drain in JSON, Avro, Protobuf and JSON Schema, msg/s and
 //!     worker CPU per message side by side (`formats`);
-//! 13. traces: the batch drain of records that each carry a `traceparent`, with tracing off, on
+//! 14. traces: the batch drain of records that each carry a `traceparent`, with tracing off, on
 //!     at a sampling ratio of 0.1 and on at 1.0 exporting to Jaeger, side by side (`traces`);
-//! 14. two consumers on two PostgreSQL servers against both on one: msg/s and CPU per message,
+//! 15. two consumers on two PostgreSQL servers against both on one: msg/s and CPU per message,
 //!     the worker's and both servers' (`databases`).
 //!
 //! Every drain, inbox and latency run is verified exactly-once by the same checker as the demo.
@@ -35,11 +38,13 @@ mod connect;
 mod databases;
 mod db;
 mod drain;
+mod flink;
 mod formats;
 mod inbox;
 mod joins;
 mod latency;
 mod partitions;
+mod peer;
 pub(crate) mod procfs;
 pub(crate) mod replay;
 mod river;
@@ -55,6 +60,7 @@ use serde::Serialize;
 use connect::{connect, ConnectReport};
 pub(crate) use db::{pg_cpu_seconds, settle};
 use drain::{ceiling, drain, retention, Drain, DropDuringDrain};
+use flink::FlinkReport;
 use formats::Formats;
 use inbox::InboxRuns;
 use latency::{latency, LatencyAt, P99_TARGET_MS};
@@ -82,6 +88,9 @@ pub struct BenchArgs {
     /// The Kafka Connect and JDBC sink jars (`scripts/connect.sh fetch` puts them there).
     #[arg(long, env = "CONNECT_LIB", default_value = "target/peers/connect/lib")]
     connect_lib: PathBuf,
+    /// The Flink peer's jar and its dependencies (`scripts/flink.sh build` puts them there).
+    #[arg(long, env = "FLINK_LIB", default_value = "target/peers/flink-xa/lib")]
+    flink_lib: PathBuf,
     /// The many-partitions phase: `database.pool_size` of each worker.
     #[arg(long, env = "BENCH_PARTITIONS_POOL_SIZE", default_value_t = 16)]
     partitions_pool_size: usize,
@@ -118,6 +127,9 @@ pub enum Phase {
     Connect,
     Inbox,
     Latency,
+    /// Flink's exactly-once JDBC sink (XA): drains at two checkpoint intervals, latency at
+    /// 2,000 msg/s, a SIGKILL mid-stream. After the latency phase, whose p99 it is held to.
+    Flink,
     River,
     Prefilter,
     Retention,
@@ -147,6 +159,8 @@ struct Sizes {
     /// tenth of the batch drain's, at least [`INBOX_MIN`] and at most [`INBOX_MAX`].
     inbox: u64,
     latency: Duration,
+    /// The Flink peer's crash run at 2,000 msg/s.
+    flink_crash: Duration,
     /// Jobs of each River run, and rows of each of our no-op inbox runs.
     river: u64,
     /// Each run of the many-partitions phase.
@@ -200,6 +214,7 @@ impl Sizes {
             scale_out: (batch / 3).max(10_000),
             inbox: (batch / 10).clamp(INBOX_MIN, INBOX_MAX),
             latency: Duration::from_secs_f64((30.0 * f).max(10.0)),
+            flink_crash: Duration::from_secs_f64((60.0 * f).max(20.0)),
             river: ((200_000.0 * f) as u64).max(RIVER_MIN),
             partitions: Duration::from_secs_f64((60.0 * f).max(20.0)),
             joins: Duration::from_secs_f64((100.0 * f).max(40.0)),
@@ -284,6 +299,21 @@ struct BenchReport {
     /// Why the Connect phase could not measure, if it could not (then its numbers are 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     connect_error: Option<String>,
+    /// Flink's exactly-once JDBC sink (XA) upserting the batch drain's kind and size of topic by
+    /// event id: records/s after its first commit, first to last commit, better checkpoint
+    /// interval.
+    flink_msg_s: f64,
+    /// `batch_msg_s` over `flink_msg_s` (0 unless both ran). Goal: at least 1.5.
+    batch_vs_flink_xa: f64,
+    /// Flink's p99 at 2,000 msg/s (its shorter checkpoint interval), ms.
+    flink_p99_ms_at_2000: f64,
+    /// Flink's p99 over ours (`latency_ms.at_2000.p99`), at 2,000 msg/s (0 unless both ran).
+    /// Goal: at least 10.
+    flink_p99_vs_batch: f64,
+    /// Its runs in detail: drains, latency, the crash and its check.
+    flink: FlinkReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    flink_error: Option<String>,
     /// River's better run (tuned or default): no-op jobs/s, first to last `finalized_at`.
     river_jobs_s: f64,
     /// Our best processor count applying as many stored rows with a no-op effect: rows/s,
@@ -458,6 +488,42 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             }
         );
         report.verified &= lat_ok;
+    }
+
+    if wants(Phase::Flink) {
+        eprintln!(
+            "== Flink, the exactly-once JDBC sink (XA) upserting {} events by event id; latency at \
+             2,000 msg/s; a SIGKILL mid-stream",
+            sizes.batch
+        );
+        match flink::flink(&args, sizes.batch, sizes.latency, sizes.flink_crash).await {
+            Ok(f) => {
+                report.flink_msg_s = f.msg_s;
+                report.batch_vs_flink_xa = ratio(report.batch_msg_s, f.msg_s);
+                report.flink_p99_ms_at_2000 = f.p99_ms_at_2000;
+                report.flink_p99_vs_batch = ratio(f.p99_ms_at_2000, report.latency_ms.at_2000.p99);
+                report.verified &= f.verified;
+                eprintln!(
+                    "   Flink {:.0} msg/s ({}); batch {:.0} msg/s: batch_vs_flink_xa {:.2}; p99 at \
+                     2,000 msg/s {:.0} ms against ours {:.1} ms: {:.0}x; crash: {} lost, {} doubled",
+                    f.msg_s,
+                    f.best,
+                    report.batch_msg_s,
+                    report.batch_vs_flink_xa,
+                    f.p99_ms_at_2000,
+                    report.latency_ms.at_2000.p99,
+                    report.flink_p99_vs_batch,
+                    f.crash.check.lost,
+                    f.crash.check.doubled
+                );
+                report.flink = f;
+            }
+            Err(e) => {
+                eprintln!("   the Flink phase failed: {e:#}");
+                report.flink_error = Some(format!("{e:#}"));
+                report.verified = false;
+            }
+        }
     }
 
     if wants(Phase::River) {

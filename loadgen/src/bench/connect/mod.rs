@@ -23,8 +23,6 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
@@ -33,12 +31,12 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::procfs;
+use super::peer::{self, check_table, create_table, delete_topics, group_reader, highs, lag};
 use super::worker::{resends_only, spec, PARTITIONS};
-use super::BenchArgs;
+use super::{procfs, round1, BenchArgs};
 use crate::produce::Step;
 use crate::{produce_stage, Session};
-use standalone::{free_port, group_reader, lag, rest_get, tasks_running, write_config, JVM};
+use standalone::{free_port, rest_get, tasks_running, write_config, JVM};
 
 const SINK: &str = "io.debezium:debezium-connector-jdbc:3.3.1.Final";
 const RUNTIME: &str = "org.apache.kafka:connect-runtime:4.1.1 (standalone)";
@@ -56,11 +54,6 @@ const SCHEMA: &str = concat!(
     r#"{"field":"occurred_at","type":"string","optional":false,"#,
     r#""name":"io.debezium.time.ZonedTimestamp"}]}"#
 );
-const CREATE_TABLE: &str =
-    "CREATE TABLE {t} (event_id uuid PRIMARY KEY, payment_id text NOT NULL, \
-     user_id text NOT NULL, amount_paise bigint NOT NULL, occurred_at timestamptz NOT NULL, \
-     loaded_at timestamptz NOT NULL DEFAULT clock_timestamp())";
-
 /// One tuning of the sink: Debezium's `batch.size` and the consumer's `max.poll.records`.
 struct Tuning {
     name: &'static str,
@@ -163,7 +156,7 @@ pub(super) async fn connect(args: &BenchArgs, events: u64) -> anyhow::Result<Con
         "   topic pre-filled: {records} records ({} payments), copied with a schema for Connect",
         expected.len()
     );
-    let db = database(&args.services.database_url).await?;
+    let db = peer::database(&args.services.database_url, DATABASE).await?;
     let mut report = ConnectReport {
         verified: true,
         runtime: RUNTIME.into(),
@@ -225,12 +218,7 @@ async fn sink(
 ) -> anyhow::Result<ConnectRun> {
     let name = format!("{topic}-{}", tuning.name);
     let table = name.replace('-', "_");
-    db.batch_execute(&format!(
-        "DROP TABLE IF EXISTS {table}; {}",
-        CREATE_TABLE.replace("{t}", &table)
-    ))
-    .await
-    .context("creating Connect's table")?;
+    create_table(db, &table, "").await?;
     let dir = std::path::absolute(args.out.join(&name))?;
     std::fs::create_dir_all(&dir)?;
     let port = free_port()?;
@@ -285,7 +273,8 @@ async fn sink(
     let cpu_s_startup = procfs::usage(pid).1;
     // Done: the group's committed offsets (which Connect moves only after the sink flushed)
     // at the topic's ends.
-    let group = group_reader(&args.services.brokers, &name)?;
+    // Connect's sink tasks consume as the group `connect-` and the connector's name.
+    let group = group_reader(&args.services.brokers, &format!("connect-{name}"))?;
     loop {
         watch(&mut java)?;
         ensure!(
@@ -322,7 +311,7 @@ async fn sink(
         )
         .await?;
     let (rows, span): (i64, f64) = (row.get(0), row.get(1));
-    let problems = check(db, &table, expected).await?;
+    let checked = check_table(db, &table, expected, None).await?;
     db.batch_execute(&format!("DROP TABLE {table}")).await?;
     let records: i64 = highs.iter().sum();
     let drain_cpu = cpu_s - cpu_s_startup;
@@ -340,8 +329,8 @@ async fn sink(
         },
         seconds: span,
         rows: rows as u64,
-        verified: problems.is_empty(),
-        problems,
+        verified: checked.verified,
+        problems: checked.problems,
         startup_s: round1(startup_s),
         cpu_s_startup: round1(cpu_s_startup),
         cpu_s_drain: round1(drain_cpu),
@@ -437,85 +426,6 @@ fn copy_with_schema(brokers: &str, from: &str, to: &str) -> anyhow::Result<(u64,
         .flush(Duration::from_secs(120))
         .with_context(|| format!("flushing the copy into {to}"))?;
     Ok((n, bytes_in, bytes_out))
-}
-
-/// The topic's high watermarks, by partition.
-fn highs(brokers: &str, topic: &str) -> anyhow::Result<Vec<i64>> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
-    (0..PARTITIONS)
-        .map(|p| Ok(c.fetch_watermarks(topic, p, Duration::from_secs(10))?.1))
-        .collect()
-}
-
-/// What differs between the table and the payments: missing, unexpected and wrong amounts
-/// (the first ten), the counts and the amounts' sums.
-async fn check(
-    db: &tokio_postgres::Client,
-    table: &str,
-    expected: &HashMap<Uuid, i64>,
-) -> anyhow::Result<Vec<String>> {
-    let rows = db
-        .query(&format!("SELECT event_id, amount_paise FROM {table}"), &[])
-        .await?;
-    let mut problems = Vec::new();
-    let mut seen = 0usize;
-    let mut sum = 0i64;
-    for r in &rows {
-        let (id, amount): (Uuid, i64) = (r.get(0), r.get(1));
-        sum += amount;
-        match expected.get(&id) {
-            Some(&a) if a == amount => seen += 1,
-            Some(&a) => problems.push(format!("{id}: amount {amount}, produced {a}")),
-            None => problems.push(format!("{id}: not produced")),
-        }
-    }
-    let want: i64 = expected.values().sum();
-    if rows.len() != expected.len() || sum != want || seen != expected.len() {
-        problems.insert(
-            0,
-            format!(
-                "{} rows (amounts {sum}) against {} payments produced (amounts {want})",
-                rows.len(),
-                expected.len()
-            ),
-        );
-    }
-    problems.truncate(10);
-    Ok(problems)
-}
-
-/// A client of [`DATABASE`] (created if missing) and its config, from `DATABASE_URL`.
-async fn database(url: &str) -> anyhow::Result<(tokio_postgres::Client, tokio_postgres::Config)> {
-    let mut cfg: tokio_postgres::Config = url.parse().context("parsing DATABASE_URL")?;
-    let (db, conn) = cfg.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    match db
-        .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
-        .await
-    {
-        Ok(()) => {}
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) => {}
-        Err(e) => return Err(e).context("creating Connect's database"),
-    }
-    cfg.dbname(DATABASE);
-    let (db, conn) = cfg.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    Ok((db, cfg))
-}
-
-async fn delete_topics(brokers: &str, topics: &[&str]) {
-    let admin: Result<AdminClient<DefaultClientContext>, _> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create();
-    if let Ok(admin) = admin {
-        let _ = admin.delete_topics(topics, &AdminOptions::new()).await;
-    }
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
 }
 
 #[cfg(test)]

@@ -1,15 +1,14 @@
 //! The standalone Kafka Connect worker the benchmark runs: its JVM options, its properties
-//! files, its REST API (are the tasks running, or did one fail), its consumer group's lag.
+//! files, its REST API (are the tasks running, or did one fail).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Tuning, DATABASE};
+use crate::bench::peer::Jdbc;
 use crate::bench::worker::PARTITIONS;
 
 /// The JVM options of Kafka's `connect-standalone.sh` (`kafka-run-class.sh`'s defaults).
@@ -37,13 +36,7 @@ pub(super) fn write_config(
     port: u16,
     tuning: &Tuning,
 ) -> anyhow::Result<[PathBuf; 3]> {
-    let host = match pg.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => bail!("Connect's JDBC driver needs a TCP host in DATABASE_URL"),
-    };
-    let port_pg = pg.get_ports().first().copied().unwrap_or(5432);
-    let user = pg.get_user().unwrap_or("postgres");
-    let password = String::from_utf8_lossy(pg.get_password().unwrap_or_default());
+    let jdbc = Jdbc::new(pg, DATABASE)?;
     // offset.flush.interval.ms: the 10 s of Kafka's own config/connect-standalone.properties.
     let worker = format!(
         "bootstrap.servers={brokers}\n\
@@ -64,7 +57,7 @@ pub(super) fn write_config(
          connector.class=io.debezium.connector.jdbc.JdbcSinkConnector\n\
          tasks.max={PARTITIONS}\n\
          topics={topic}\n\
-         connection.url=jdbc:postgresql://{host}:{port_pg}/{DATABASE}\n\
+         connection.url={url}\n\
          connection.username={user}\n\
          connection.password={password}\n\
          insert.mode=upsert\n\
@@ -74,6 +67,9 @@ pub(super) fn write_config(
          collection.name.format={table}\n\
          batch.size={batch}\n",
         batch = tuning.batch_size,
+        url = jdbc.url,
+        user = jdbc.user,
+        password = jdbc.password,
     );
     let log4j = format!(
         "status = warn\n\
@@ -95,34 +91,6 @@ pub(super) fn write_config(
         std::fs::write(f, text)?;
     }
     Ok(files)
-}
-
-/// A client that only reads the committed offsets of Connect's consumer group (`connect-` and
-/// the connector's name); it never joins the group.
-pub(super) fn group_reader(brokers: &str, connector: &str) -> anyhow::Result<BaseConsumer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("connect-{connector}"))
-        .set("enable.auto.commit", "false")
-        .create()?)
-}
-
-/// Records between the group's committed offsets and the topic's ends.
-pub(super) fn lag(group: &BaseConsumer, topic: &str, highs: &[i64]) -> anyhow::Result<i64> {
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition(topic, p);
-    }
-    let committed = group.committed_offsets(tpl, Duration::from_secs(5))?;
-    Ok((0..PARTITIONS)
-        .map(|p| {
-            let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
-                Some(Offset::Offset(o)) => o,
-                _ => 0,
-            };
-            (highs[p as usize] - at).max(0)
-        })
-        .sum())
 }
 
 /// How many tasks run; an error with the trace if the connector or a task failed.
