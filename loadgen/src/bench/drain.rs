@@ -28,8 +28,19 @@ pub(super) struct Drain {
     pub(super) wal_bytes_per_msg: f64,
     /// Rows inserted, updated and deleted in the `public` tables per record, same span.
     pub(super) row_writes_per_msg: f64,
-    /// PostgreSQL's CPU per record, same span (the whole cluster's processes).
+    /// PostgreSQL's CPU per record (the whole cluster's processes) from the worker's start to
+    /// the last partition's offset stored, after [`Db::maintain`] caught up on what earlier
+    /// phases left: the drain's transactions, and what autovacuum happened to do meanwhile.
     pub(super) pg_cpu_us_per_msg: f64,
+    /// PostgreSQL's CPU per record of [`Db::maintain`] right after the drain: the vacuum,
+    /// analyze and page writes the drain left behind, which autovacuum and the checkpointer do
+    /// later (or, in part, during the drain: the sum with `pg_cpu_us_per_msg` is the stable one).
+    pub(super) pg_maintenance_us_per_msg: f64,
+    /// `pg_cpu_us_per_msg + pg_maintenance_us_per_msg`: what one message costs PostgreSQL.
+    pub(super) pg_cpu_us_per_msg_all: f64,
+    /// The CPU seconds behind the two (for [`Drain::combine`]).
+    pub(super) pg_applied_cpu_s: f64,
+    pub(super) pg_maintenance_cpu_s: f64,
     /// Worker processes draining the topic together (`cpu_us_per_msg` is theirs summed).
     pub(super) workers: usize,
     /// PostgreSQL's share of the CPU the workers and PostgreSQL used together.
@@ -54,12 +65,58 @@ impl Drain {
             cpu_us_per_msg: (cpu_us / records.max(1) as f64 * 10.0).round() / 10.0,
             wal_bytes_per_msg: a.db.plus(&b.db).wal_bytes_per(records),
             row_writes_per_msg: a.db.plus(&b.db).row_writes_per(records),
-            pg_cpu_us_per_msg: a.db.plus(&b.db).pg_cpu_us_per(records),
+            pg_cpu_us_per_msg: per_record(a.pg_applied_cpu_s + b.pg_applied_cpu_s, records),
+            pg_maintenance_us_per_msg: per_record(
+                a.pg_maintenance_cpu_s + b.pg_maintenance_cpu_s,
+                records,
+            ),
+            pg_cpu_us_per_msg_all: per_record(
+                a.pg_applied_cpu_s
+                    + b.pg_applied_cpu_s
+                    + a.pg_maintenance_cpu_s
+                    + b.pg_maintenance_cpu_s,
+                records,
+            ),
+            pg_applied_cpu_s: a.pg_applied_cpu_s + b.pg_applied_cpu_s,
+            pg_maintenance_cpu_s: a.pg_maintenance_cpu_s + b.pg_maintenance_cpu_s,
             workers: a.workers.max(b.workers),
             pg_cpu_share: (a.pg_cpu_share + b.pg_cpu_share) / 2.0,
             db: a.db.plus(&b.db),
         }
     }
+}
+
+/// Microseconds a record, to a tenth.
+fn per_record(cpu_s: f64, records: u64) -> f64 {
+    (cpu_s * 1e6 / records.max(1) as f64 * 10.0).round() / 10.0
+}
+
+/// The sum of the partitions' stored offsets of the bench consumer `name` (which reads the
+/// topic of its name from offset 0): the records applied so far.
+async fn applied(db: &tokio_postgres::Client, name: &str) -> i64 {
+    db.query_one(
+        "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets
+         WHERE consumer = $1 AND topic = $1",
+        &[&name],
+    )
+    .await
+    .map(|r| r.get(0))
+    .unwrap_or(0)
+}
+
+/// Polls (every 50 ms, up to `limit`) until `n` records of consumer `name` are applied; then
+/// PostgreSQL's CPU seconds so far. `None` if they were not applied in time.
+async fn cpu_when_applied(url: String, name: String, n: u64, limit: Duration) -> Option<f64> {
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.ok()?;
+    tokio::spawn(conn);
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
+        if applied(&db, &name).await as u64 >= n {
+            return super::pg_cpu_seconds(&db).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -185,7 +242,14 @@ pub(super) async fn drain_opts(
     }
     eprintln!("   topic pre-filled: {records} records; starting the worker");
     let db = Db::connect(args).await?;
+    db.maintain().await?;
     let mark = db.mark().await?;
+    let applied_cpu = tokio::spawn(cpu_when_applied(
+        args.services.database_url.clone(),
+        name.clone(),
+        records,
+        spec.drain_timeout,
+    ));
     let mut pool = Vec::new();
     for w in 0..workers {
         let file = format!("{name}-{w}");
@@ -204,16 +268,7 @@ pub(super) async fn drain_opts(
             if let Ok((db, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
                 tokio::spawn(conn);
                 for _ in 0..1200 {
-                    let done: i64 = db
-                        .query_one(
-                            "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer_offsets
-                             WHERE consumer = $1 AND topic = $1",
-                            &[&name],
-                        )
-                        .await
-                        .map(|r| r.get(0))
-                        .unwrap_or(0);
-                    if done as u64 >= records / 3 {
+                    if applied(&db, &name).await as u64 >= records / 3 {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -246,6 +301,12 @@ pub(super) async fn drain_opts(
         worker.stop().await?;
     }
     let cost = db.cost_since(&mark).await?;
+    // What the transactions cost (not the verification after them), then what they left.
+    let pg_applied_cpu_s = match applied_cpu.await? {
+        Some(at) => at - mark.pg_cpu_s,
+        None => cost.pg_cpu_s,
+    };
+    let pg_maintenance_cpu_s = db.maintain().await?;
     // From the first to the last commit.
     let span = if report.commit_span_s > 0.0 {
         report.commit_span_s
@@ -263,18 +324,22 @@ pub(super) async fn drain_opts(
         cpu_us_per_msg: (cpu_s * 1e6 / records.max(1) as f64 * 10.0).round() / 10.0,
         wal_bytes_per_msg: cost.wal_bytes_per(records),
         row_writes_per_msg: cost.row_writes_per(records),
-        pg_cpu_us_per_msg: cost.pg_cpu_us_per(records),
+        pg_cpu_us_per_msg: per_record(pg_applied_cpu_s, records),
+        pg_maintenance_us_per_msg: per_record(pg_maintenance_cpu_s, records),
+        pg_cpu_us_per_msg_all: per_record(pg_applied_cpu_s + pg_maintenance_cpu_s, records),
+        pg_applied_cpu_s,
+        pg_maintenance_cpu_s,
         workers,
-        pg_cpu_share: if cpu_s + cost.pg_cpu_s > 0.0 {
-            (cost.pg_cpu_s / (cpu_s + cost.pg_cpu_s) * 1000.0).round() / 1000.0
+        pg_cpu_share: if cpu_s + pg_applied_cpu_s > 0.0 {
+            (pg_applied_cpu_s / (cpu_s + pg_applied_cpu_s) * 1000.0).round() / 1000.0
         } else {
             0.0
         },
         db: cost,
     };
     eprintln!(
-        "   {workers} worker(s): {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg, PostgreSQL {:.1} µs CPU/msg ({:.0}% of the CPU), {:.0} WAL bytes/msg, {:.2} row writes/msg",
-        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg, d.pg_cpu_us_per_msg, d.pg_cpu_share * 100.0, d.wal_bytes_per_msg, d.row_writes_per_msg
+        "   {workers} worker(s): {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg, PostgreSQL {:.1} µs CPU/msg ({:.0}% of the CPU) and {:.1} after it (vacuum, checkpoint), {:.0} WAL bytes/msg, {:.2} row writes/msg",
+        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg, d.pg_cpu_us_per_msg, d.pg_cpu_share * 100.0, d.pg_maintenance_us_per_msg, d.wal_bytes_per_msg, d.row_writes_per_msg
     );
     if let Some(x) = &during {
         eprintln!(
