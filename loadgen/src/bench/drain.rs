@@ -32,8 +32,8 @@ pub(super) struct Drain {
     /// the last partition's offset stored, after [`Db::maintain`] caught up on what earlier
     /// phases left: the drain's transactions, and what autovacuum happened to do meanwhile.
     pub(super) pg_cpu_us_per_msg: f64,
-    /// PostgreSQL's CPU per record of [`Db::maintain`] right after the drain: the vacuum,
-    /// analyze and page writes the drain left behind, which autovacuum and the checkpointer do
+    /// PostgreSQL's CPU per record of [`Db::maintain`] right after the drain: the vacuum
+    /// and page writes the drain left behind, which autovacuum and the checkpointer do
     /// later (or, in part, during the drain: the sum with `pg_cpu_us_per_msg` is the stable one).
     pub(super) pg_maintenance_us_per_msg: f64,
     /// `pg_cpu_us_per_msg + pg_maintenance_us_per_msg`: what one message costs PostgreSQL.
