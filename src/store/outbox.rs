@@ -45,63 +45,59 @@ fn of_types(typed: bool, alias: &str) -> String {
     }
 }
 
+// The event types with unpublished rows, by a loose scan of `outbox_unpublished`'s leading
+// column (one probe a type): what a relay serving every type serves at this claim.
+const TYPES_PRESENT: &str = "\
+WITH RECURSIVE t(event_type) AS (
+    (SELECT h.event_type FROM outbox h WHERE h.published_at IS NULL ORDER BY h.event_type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT h.event_type FROM outbox h
+            WHERE h.published_at IS NULL AND h.event_type > t.event_type
+            ORDER BY h.event_type LIMIT 1)
+    FROM t WHERE t.event_type IS NOT NULL)
+SELECT event_type FROM t WHERE event_type IS NOT NULL";
+
 // `$1`: the event types served, `$2`: the limit.
 // The ids of the oldest `$2` heads (each aggregate's lowest unpublished `seq` of the types
-// served), found by skipping through an index from one aggregate with unpublished rows to the
-// next (one probe each; PostgreSQL 15 has no skip scan of its own) and taking each aggregate's
-// first entry. The claim's cost follows the aggregates with unpublished rows, not the backlog:
-// a pass over every unpublished row (V15's `DISTINCT ON`) sorted the whole backlog at every
-// claim, 1.05 s for 484,773 rows over 900 aggregates on an idle machine, so a relay behind at
-// 2,000 msg/s fell further behind with every round; skipping took 0.15 s there (2026-12-07).
+// served), found by skipping through `outbox_unpublished_type_heads` (V16), type by type, from
+// one aggregate with unpublished rows of the type to the next (one probe each; PostgreSQL 15
+// has no skip scan of its own), taking each one's first row of the type there, and an
+// aggregate's head as its first of those across the types. The claim's cost follows the
+// aggregates with unpublished rows, not the backlog: a pass over every unpublished row (V15's
+// `DISTINCT ON`) sorted the whole backlog at every claim, 1.05 s for 484,773 rows over 900
+// aggregates on an idle machine, so a relay behind at 2,000 msg/s fell further behind with
+// every round; skipping took 0.15 s there (2026-12-07). A relay serving every type passes the
+// types present ([`TYPES_PRESENT`]): one index serves both kinds of relay, and every outbox
+// insert pays for one index fewer (V17).
 // Reading only: the heads are locked by `LOCK_HEADS_SQL`, by id. One statement that joined the
 // heads to `outbox` to lock them let the planner pick the join, and a plan made while the table
 // was small (a scan of every unpublished row for each head) held one claim for over 6 minutes
 // in the soak.
-static HEADS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-    // [typed, all]. Typed: the aggregates with unpublished rows of each type served, and each
-    // one's first row of that type, from `outbox_unpublished_type_heads` (V16); an aggregate's
-    // head is its first of those across the types. All: `outbox_unpublished_heads` (V15).
-    let typed = "WITH RECURSIVE aggs(event_type, aggregate_id) AS (
-             SELECT t.event_type,
-                    (SELECT h.aggregate_id FROM outbox h
-                     WHERE h.published_at IS NULL AND h.event_type = t.event_type
-                     ORDER BY h.event_type, h.aggregate_id LIMIT 1)
-             FROM unnest($1::text[]) AS t(event_type)
-             UNION ALL
-             SELECT a.event_type,
-                    (SELECT h.aggregate_id FROM outbox h
-                     WHERE h.published_at IS NULL AND h.event_type = a.event_type
-                       AND h.aggregate_id > a.aggregate_id
-                     ORDER BY h.event_type, h.aggregate_id LIMIT 1)
-             FROM aggs a WHERE a.aggregate_id IS NOT NULL),
-         firsts AS (
-             SELECT a.aggregate_id, f.id, f.seq FROM aggs a
-             CROSS JOIN LATERAL (
-                 SELECT h.id, h.seq FROM outbox h
-                 WHERE h.published_at IS NULL AND h.event_type = a.event_type
-                   AND h.aggregate_id = a.aggregate_id
-                 ORDER BY h.event_type, h.aggregate_id, h.seq LIMIT 1) f),
-         heads AS (
-             SELECT DISTINCT ON (aggregate_id) id, seq FROM firsts
-             ORDER BY aggregate_id, seq)
-         SELECT id FROM heads ORDER BY seq LIMIT $2";
-    let all = "WITH RECURSIVE aggs(aggregate_id) AS (
-             (SELECT h.aggregate_id FROM outbox h WHERE h.published_at IS NULL
-              ORDER BY h.aggregate_id LIMIT 1)
-             UNION ALL
-             SELECT (SELECT h.aggregate_id FROM outbox h
-                     WHERE h.published_at IS NULL AND h.aggregate_id > a.aggregate_id
-                     ORDER BY h.aggregate_id LIMIT 1)
-             -- `$1` (NULL here) is named so that the statement takes the same parameters.
-             FROM aggs a WHERE a.aggregate_id IS NOT NULL AND $1::text[] IS NULL)
-         SELECT head.id FROM aggs a
-         CROSS JOIN LATERAL (
-             SELECT h.id, h.seq FROM outbox h
-             WHERE h.aggregate_id = a.aggregate_id AND h.published_at IS NULL
-             ORDER BY h.seq LIMIT 1) head
-         ORDER BY head.seq LIMIT $2";
-    [typed.to_string(), all.to_string()]
-});
+const HEADS: &str = "\
+WITH RECURSIVE aggs(event_type, aggregate_id) AS (
+    SELECT t.event_type,
+           (SELECT h.aggregate_id FROM outbox h
+            WHERE h.published_at IS NULL AND h.event_type = t.event_type
+            ORDER BY h.event_type, h.aggregate_id LIMIT 1)
+    FROM unnest($1::text[]) AS t(event_type)
+    UNION ALL
+    SELECT a.event_type,
+           (SELECT h.aggregate_id FROM outbox h
+            WHERE h.published_at IS NULL AND h.event_type = a.event_type
+              AND h.aggregate_id > a.aggregate_id
+            ORDER BY h.event_type, h.aggregate_id LIMIT 1)
+    FROM aggs a WHERE a.aggregate_id IS NOT NULL),
+firsts AS (
+    SELECT a.aggregate_id, f.id, f.seq FROM aggs a
+    CROSS JOIN LATERAL (
+        SELECT h.id, h.seq FROM outbox h
+        WHERE h.published_at IS NULL AND h.event_type = a.event_type
+          AND h.aggregate_id = a.aggregate_id
+        ORDER BY h.event_type, h.aggregate_id, h.seq LIMIT 1) f),
+heads AS (
+    SELECT DISTINCT ON (aggregate_id) id, seq FROM firsts
+    ORDER BY aggregate_id, seq)
+SELECT id FROM heads ORDER BY seq LIMIT $2";
 
 // Locks the heads `$1` found (by their ids; in no order: SKIP LOCKED waits for nobody, and
 // `claim` sorts what it took). `published_at IS NULL` is checked again on the locked row: a
@@ -117,17 +113,14 @@ static LOCK_HEADS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(||
 // The rows behind the heads this transaction locked (`$2` aggregates, `$3` the heads' ids).
 // No SKIP LOCKED: no other relay can hold them (they are not heads), and skipping one would
 // publish its successors before it.
-static CLAIM_FOLLOWERS: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
-    [true, false].map(|typed| {
-        format!(
-            "SELECT {COLUMNS} FROM outbox o
-             WHERE o.published_at IS NULL AND {o}
-               AND o.aggregate_id = ANY($2) AND o.id <> ALL($3)
-             ORDER BY o.aggregate_id, o.seq LIMIT $4
-             FOR UPDATE OF o",
-            o = of_types(typed, "o"),
-        )
-    })
+static CLAIM_FOLLOWERS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {COLUMNS} FROM outbox o
+         WHERE o.published_at IS NULL AND o.event_type = ANY($1)
+           AND o.aggregate_id = ANY($2) AND o.id <> ALL($3)
+         ORDER BY o.aggregate_id, o.seq LIMIT $4
+         FOR UPDATE OF o"
+    )
 });
 
 fn row(r: &tokio_postgres::Row) -> Row {
@@ -150,7 +143,6 @@ pub async fn claim(
     types: Option<&[String]>,
     limit: i64,
 ) -> Result<Vec<Row>, StoreError> {
-    let which = types.is_none() as usize;
     // Planned at every claim for the outbox as it is now (a plan cached while it was small would
     // outlive the backlog it was not made for), and without sorts: every step here has an index
     // in the order it needs. The planner's estimates of the partial indexes lag the outbox: once
@@ -160,7 +152,18 @@ pub async fn claim(
     // each claim held back vacuum's horizon). Sorts stay off until the claim's end.
     tx.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_sort = off")
         .await?;
-    let stmt = tx.prepare_cached(&HEADS[which]).await?;
+    let present: Vec<String>;
+    let types = match types {
+        Some(types) => types,
+        None => {
+            let stmt = tx.prepare_cached(TYPES_PRESENT).await?;
+            present = (tx.query(&stmt, &[]).await?.iter())
+                .map(|r| r.get(0))
+                .collect();
+            &present
+        }
+    };
+    let stmt = tx.prepare_cached(HEADS).await?;
     let found: Vec<Uuid> = (tx.query(&stmt, &[&types, &limit]).await?.iter())
         .map(|r| r.get(0))
         .collect();
@@ -175,7 +178,7 @@ pub async fn claim(
         aggregates.sort_unstable();
         aggregates.dedup();
         let heads: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-        let stmt = tx.prepare_cached(&CLAIM_FOLLOWERS[which]).await?;
+        let stmt = tx.prepare_cached(&CLAIM_FOLLOWERS).await?;
         let more = tx
             .query(&stmt, &[&types, &aggregates, &heads, &room])
             .await?;
