@@ -123,6 +123,7 @@ pub async fn run(
             cancel: CancellationToken::new(),
             version: None,
             deadline: std::time::Duration::from_secs(30),
+            dedupe: crate::config::Dedupe::Ledger,
         };
         let recs = records(&run, p, per_partition);
         let mut batches = Vec::new();

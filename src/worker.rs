@@ -193,6 +193,15 @@ impl Worker {
                     consumer: c.name.clone(),
                     reason,
                 })?;
+            if c.dedupe == crate::config::Dedupe::BusinessRow && !handler.dedupes_by_row() {
+                return Err(WorkerError::Handler {
+                    consumer: c.name.clone(),
+                    reason: "dedupe = \"business-row\" needs a handler that keeps the key on the \
+                             one row it writes a message (Handler::dedupes_by_row); this one does \
+                             not say so"
+                        .into(),
+                });
+            }
             handler
                 .prepare(client)
                 .await

@@ -123,7 +123,7 @@ impl Handler for OrderLog {
         .await?;
         Ok(Applied {
             effects: fresh.len() as u64,
-            business_duplicates: 0,
+            ..Applied::default()
         })
     }
 }

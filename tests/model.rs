@@ -336,6 +336,7 @@ impl Sut {
             cancel: CancellationToken::new(),
             version: None,
             deadline: std::time::Duration::from_secs(30),
+            dedupe: effectively::config::Dedupe::Ledger,
         };
         (ctx, claim)
     }

@@ -18,6 +18,12 @@ pub struct ConsumerConfig {
     pub database: Option<String>,
     #[serde(default)] // batch
     pub strategy: Strategy,
+    /// Where a message's key is kept: `ledger` (the default: `processed_messages`, one row a
+    /// message, dropped by day past `retention`) or `business-row` (the handler's own row keeps
+    /// it, under the row's unique key, and no ledger row is written: for handlers that write
+    /// exactly one business row a message, such as the cashback handler; batch strategy only).
+    #[serde(default)]
+    pub dedupe: Dedupe,
     pub handler: HandlerConfig,
     /// Used only for partitions PostgreSQL has no offset for. Default `earliest`, unlike
     /// librdkafka's `latest`: better to apply old events than to skip them.
@@ -186,6 +192,21 @@ pub enum Strategy {
     /// Store first, process later: the receiver stores each batch in the `inbox` table and
     /// lets Kafka move on; processors apply the effects from the table (`[consumer.inbox]`).
     Inbox,
+}
+
+/// Where a consumer keeps its messages' keys (`dedupe = "ledger" | "business-row"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dedupe {
+    /// The dedupe ledger, `processed_messages`: a key row a message, in the effect's
+    /// transaction; the effect sees only the messages whose key was new.
+    #[default]
+    Ledger,
+    /// The seed's option for a message that creates exactly one business row: the key lives on
+    /// that row (its unique key, such as the cashback handler's `payment_id`), the handler
+    /// inserts with `ON CONFLICT DO NOTHING` and a copy finds its row there. No ledger row, no
+    /// retention: a copy is recognised as long as the row exists. The offset is fenced as ever.
+    BusinessRow,
 }
 
 /// Where a partition with no offset in PostgreSQL starts.
@@ -445,6 +466,29 @@ impl ConsumerConfig {
                  (their batches commit one partition at a time)"
                     .into(),
             );
+        }
+        if self.dedupe == Dedupe::BusinessRow {
+            if self.strategy != Strategy::Batch {
+                p.push("dedupe = \"business-row\" works with strategy = \"batch\" only".into());
+            }
+            if self.version.is_some() || self.prefilter.is_some() {
+                p.push(
+                    "dedupe = \"business-row\" does not combine with [consumer.version] or \
+                     [consumer.prefilter] (both work on the ledger's keys)"
+                        .into(),
+                );
+            }
+            if !matches!(
+                self.handler,
+                HandlerConfig::Cashback { .. } | HandlerConfig::Custom { .. }
+            ) {
+                p.push(
+                    "dedupe = \"business-row\" needs a handler that writes one row a message under \
+                     a unique key (the cashback handler, or a custom one that says so): an SQL \
+                     handler reads only the fresh messages from the ledger"
+                        .into(),
+                );
+            }
         }
         if retry.max_attempts < 1 {
             p.push("retry.max_attempts must be at least 1".into());

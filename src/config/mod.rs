@@ -28,8 +28,8 @@ mod tls;
 mod version;
 pub use console::{check_addr as check_console_addr, ConsoleConfig, DEFAULT_CONSOLE_ADDR};
 pub use consumer::{
-    default_burst, BatchConfig, ConsumerConfig, EnvelopeKind, EventDateSource, HandlerConfig,
-    OffsetReset, OnTombstone, OutOfRange, RetryConfig, Strategy, Throttle,
+    default_burst, BatchConfig, ConsumerConfig, Dedupe, EnvelopeKind, EventDateSource,
+    HandlerConfig, OffsetReset, OnTombstone, OutOfRange, RetryConfig, Strategy, Throttle,
 };
 pub use database::{DatabaseConfig, Databases, DATABASE_KEYS, DEFAULT_DATABASE};
 pub use example::EXAMPLE;

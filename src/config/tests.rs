@@ -475,3 +475,26 @@ fn a_secret_file_that_is_not_a_secret_is_refused_not_read_whole() {
     let e = read_small(Path::new("/nonexistent/secret")).unwrap_err();
     assert!(e.contains("No such file"), "{e}");
 }
+
+#[test]
+fn dedupe_is_the_ledger_unless_a_batch_consumer_keeps_keys_on_its_business_row() {
+    assert_eq!(consumer(MINIMAL).dedupe, Dedupe::Ledger);
+    assert_eq!(
+        consumer(&with("dedupe = \"business-row\"")).dedupe,
+        Dedupe::BusinessRow
+    );
+    assert!(is_parse_error(&with("dedupe = \"row\"")));
+    let inbox = invalid(&with("dedupe = \"business-row\"\nstrategy = \"inbox\""));
+    assert!(inbox.contains("batch\" only"), "{inbox}");
+    let sql = "[[consumer]]\nname = \"audit\"\ntopics = [\"payments\"]\n\
+               handler = { kind = \"sql\", statement = \"SELECT 1\" }\ndedupe = \"business-row\"\n";
+    assert!(
+        invalid(sql).contains("one row a message"),
+        "{}",
+        invalid(sql)
+    );
+    let prefilter = invalid(&with(
+        "dedupe = \"business-row\"\n[consumer.prefilter]\nredis = \"redis://127.0.0.1:6379\"",
+    ));
+    assert!(prefilter.contains("ledger's keys"), "{prefilter}");
+}

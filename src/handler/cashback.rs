@@ -69,6 +69,16 @@ WITH input AS (
 )
 SELECT count(*) FROM credited";
 
+// Under `dedupe = "business-row"`, when some payments were not credited: how many of the batch's
+// events have their own credit (this consumer's, with their event id). Less the credits just
+// written, these are copies, which the ledger would have stopped. A statement of its own, so
+// that it sees a credit another transaction committed while the insert waited for it (the
+// same event on two partitions at once).
+const OWN_CREDITS: &str = "\
+SELECT count(*) FROM unnest($2::text[], $3::uuid[]) AS m(payment_id, event_id)
+JOIN cashback_credits c ON c.payment_id = m.payment_id
+WHERE c.event_id = m.event_id AND c.consumer = $1";
+
 /// The built-in cashback handler.
 #[derive(Debug, Clone)]
 pub struct Cashback {
@@ -195,6 +205,12 @@ pub fn outbox_id(consumer: &str, event_date: chrono::NaiveDate, event_id: &Uuid)
 
 #[async_trait]
 impl Handler for Cashback {
+    /// One credit a payment, under `UNIQUE (payment_id)`: a copy of an event finds its credit,
+    /// with its event id, and a double tap finds another event's.
+    fn dedupes_by_row(&self) -> bool {
+        true
+    }
+
     fn check(&self, msg: &Envelope) -> Result<(), Rejection> {
         self.payment(msg).map(|_| ())
     }
@@ -250,9 +266,19 @@ impl Handler for Cashback {
             )
             .await?;
         let credited = row.get::<_, i64>(0) as u64;
+        let redelivered = if ctx.business_row && credited < fresh.len() as u64 {
+            let stmt = tx.prepare_cached(OWN_CREDITS).await?;
+            let own = (tx.query_one(&stmt, &[&ctx.consumer, &payment_ids, &event_ids]))
+                .await?
+                .get::<_, i64>(0) as u64;
+            own.saturating_sub(credited)
+        } else {
+            0
+        };
         Ok(Applied {
             effects: credited,
-            business_duplicates: fresh.len() as u64 - credited,
+            business_duplicates: fresh.len() as u64 - credited - redelivered,
+            redelivered,
         })
     }
 }

@@ -28,6 +28,11 @@ pub struct BatchContext<'a> {
     /// Under `[consumer.version]`: each message's aggregate, version, and the version stored
     /// before it (see [`BatchContext::version_of`]).
     pub versions: Option<&'a crate::version::Versions>,
+    /// Under `dedupe = "business-row"`: no ledger stands before the handler, so `fresh` holds
+    /// every message of the batch (first copies), copies of messages applied before included,
+    /// and the handler's insert under its unique key is the dedupe. It says how many of them
+    /// it found applied already ([`Applied::redelivered`]).
+    pub business_row: bool,
 }
 
 impl BatchContext<'_> {
@@ -49,6 +54,10 @@ pub struct Applied {
     /// Fresh messages whose effect was already there under a business key (a double tap: same
     /// payment, new event id). They commit their dedupe key and change nothing else.
     pub business_duplicates: u64,
+    /// Under `dedupe = "business-row"`: messages whose row this very message wrote before (a
+    /// redelivery, a resend, a redrive), which the ledger would have stopped. The engine counts
+    /// them as duplicates of their key. Always 0 under the ledger.
+    pub redelivered: u64,
 }
 
 /// How a handler failed, which decides what the engine does with the batch.
@@ -106,6 +115,15 @@ pub trait Handler: Send + Sync + 'static {
     /// The handler reads `payload` from the `fresh_messages` view in SQL, so the batch's payloads
     /// are copied to the database too.
     fn stages_payload(&self) -> bool {
+        false
+    }
+
+    /// The handler writes exactly one row a message under a unique key of the business (the
+    /// cashback handler: one credit per payment), inserts it with `ON CONFLICT DO NOTHING`, and
+    /// tells a copy of a message it applied before from a new message ([`Applied::redelivered`]):
+    /// then a consumer may keep its keys on that row (`dedupe = "business-row"`) instead of in
+    /// the ledger.
+    fn dedupes_by_row(&self) -> bool {
         false
     }
 

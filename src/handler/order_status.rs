@@ -124,6 +124,7 @@ impl Handler for OrderStatus {
         Ok(Applied {
             effects: moved as u64,
             business_duplicates: unmoved,
+            redelivered: 0,
         })
     }
 }

@@ -74,6 +74,7 @@ impl Handler for SqlHandler {
         Ok(Applied {
             effects: fresh.len() as u64,
             business_duplicates: 0,
+            redelivered: 0,
         })
     }
 }

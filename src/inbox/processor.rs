@@ -606,6 +606,7 @@ impl Processors {
                 topic,
                 partition: None,
                 versions,
+                business_row: false,
             };
             let group: Vec<&Envelope> = rows.iter().map(|&i| envs[i]).collect();
             let mut applied: Vec<usize> = Vec::new();

@@ -633,6 +633,7 @@ impl Source {
                 cancel: cancel.clone(),
                 version: self.config.version.clone().map(Arc::new),
                 deadline: self.transaction_deadline,
+                dedupe: self.config.dedupe,
             },
             queue,
             consumer: Arc::clone(consumer),

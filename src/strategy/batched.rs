@@ -2,9 +2,12 @@
 //!
 //! 1. advance the partition's offset, fenced by the ownership epoch (a zombie stops here);
 //! 2. park the batch's undecodable or refused records;
-//! 3. binary `COPY` the first copy of each message into `staged_messages`;
-//! 4. insert the staged keys into `processed_messages ... ON CONFLICT DO NOTHING`: the keys it
-//!    returns are the fresh messages;
+//! 3. for a handler that reads the `fresh_messages` view (an SQL handler), binary `COPY` the
+//!    first copy of each message into `staged_messages`;
+//! 4. insert the keys (the staged ones, or the batch's as arrays) into
+//!    `processed_messages ... ON CONFLICT DO NOTHING`: the keys it returns are the fresh messages
+//!    (under `dedupe = "business-row"`, steps 3 and 4 are skipped: every first copy goes to the
+//!    handler, whose insert under its business row's unique key is the dedupe);
 //! 5. the handler applies the effect to the fresh messages only;
 //! 6. `COMMIT`, and only then tell Kafka.
 //!
@@ -21,6 +24,7 @@ use super::group::{Groups, Reply};
 use super::segments::{drive, Body, BodyOutcome, Shape};
 use super::{versioned, AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
 use crate::batch::{Batch, Raw};
+use crate::config::Dedupe;
 use crate::envelope::Envelope;
 use crate::handler::BatchContext;
 use crate::prefilter::Prefilter;
@@ -87,10 +91,21 @@ impl Body for StageAndDedupe {
         raws: &[&Raw],
     ) -> Result<BodyOutcome, AttemptError> {
         let set_based = ctx.handler.stages_payload();
+        let business_row = ctx.dedupe == Dedupe::BusinessRow;
         let t0 = Instant::now();
-        copy::stage(tx, candidates, set_based, false, None).await?;
-        let t1 = Instant::now();
-        let fresh_seq = dedupe::insert_staged(tx, &ctx.consumer, candidates, set_based).await?;
+        let (t1, fresh_seq) = if business_row {
+            // The handler's row is the key: every candidate goes to it.
+            (t0, (0..candidates.len()).collect())
+        } else if set_based {
+            copy::stage(tx, candidates, true, false, None).await?;
+            let t1 = Instant::now();
+            (t1, dedupe::insert_staged(tx, &ctx.consumer).await?)
+        } else {
+            (
+                t0,
+                dedupe::insert_keys(tx, &ctx.consumer, candidates).await?,
+            )
+        };
         let t2 = Instant::now();
         let fresh: Vec<&Envelope> = fresh_seq.iter().map(|&s| candidates[s]).collect();
         let mut out = BodyOutcome {
@@ -123,6 +138,7 @@ impl Body for StageAndDedupe {
                     topic: &ctx.topic,
                     partition: Some(ctx.partition),
                     versions: None,
+                    business_row,
                 };
                 ctx.handler
                     .apply(tx, &bctx, &fresh)
@@ -135,6 +151,11 @@ impl Body for StageAndDedupe {
             Ok(applied) => {
                 out.effects = applied.effects;
                 out.business_duplicates = applied.business_duplicates;
+                // Copies the handler's row recognised (business-row only): duplicates of their
+                // key, as the ledger would have counted them. Their timestamps stay in
+                // `fresh_ts_ms` (the handler does not say which they were).
+                out.fresh -= applied.redelivered;
+                out.duplicates += applied.redelivered;
                 Ok(out)
             }
             // The handler names fresh messages; the driver wants candidates.

@@ -305,10 +305,20 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
         let (t2, t3) = if sorted.candidates.is_empty() {
             (t1, t1)
         } else {
-            copy::stage(&tx, &sorted.candidates, set_based, false, None).await?;
-            let t2 = Instant::now();
-            fresh_seq =
-                dedupe::insert_staged(&tx, &ctx.consumer, &sorted.candidates, set_based).await?;
+            let t2 = if ctx.dedupe == crate::config::Dedupe::BusinessRow {
+                // The handler's row is the key: every candidate goes to it.
+                fresh_seq = (0..sorted.candidates.len()).collect();
+                Instant::now()
+            } else if set_based {
+                copy::stage(&tx, &sorted.candidates, true, false, None).await?;
+                let t2 = Instant::now();
+                fresh_seq = dedupe::insert_staged(&tx, &ctx.consumer).await?;
+                t2
+            } else {
+                let t2 = Instant::now();
+                fresh_seq = dedupe::insert_keys(&tx, &ctx.consumer, &sorted.candidates).await?;
+                t2
+            };
             let t3 = Instant::now();
             if !fresh_seq.is_empty() {
                 let fresh: Vec<&Envelope> =
@@ -318,6 +328,7 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
                     topic: &ctx.topic,
                     partition: None,
                     versions: None,
+                    business_row: ctx.dedupe == crate::config::Dedupe::BusinessRow,
                 };
                 applied = ctx.handler.apply(&tx, &bctx, &fresh).await?;
             }
@@ -371,6 +382,14 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
     for &i in &fresh_seq {
         fresh[sorted.owner[i]] += 1;
     }
+    // Copies the handler's row recognised (business-row only), counted as duplicates of their
+    // key; the handler says how many, not whose, so they are taken from the members in order.
+    let mut redelivered = applied.redelivered;
+    for f in fresh.iter_mut() {
+        let take = redelivered.min(*f);
+        *f -= take;
+        redelivered -= take;
+    }
     let mut candidates = vec![0u64; members.len()];
     for &o in &sorted.owner {
         candidates[o] += 1;
@@ -389,10 +408,10 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
         }
         s.end(telemetry::Counts {
             records: members.iter().map(|m| m.batch.len() as u64).sum(),
-            fresh: fresh_seq.len() as u64,
+            fresh: fresh.iter().sum(),
             effects: applied.effects,
             duplicates: (sorted.repeated.iter().sum::<u64>())
-                + (sorted.candidates.len() - fresh_seq.len()) as u64,
+                + (sorted.candidates.len() as u64 - fresh.iter().sum::<u64>()),
             parked: sorted.parked.len() as u64,
             skipped: sorted.skipped.iter().map(|v| v.len() as u64).sum(),
             retried: 0,

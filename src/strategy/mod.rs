@@ -47,6 +47,8 @@ pub struct PartitionCtx {
     pub version: Option<Arc<crate::config::VersionConfig>>,
     /// The longest one transaction attempt may wait for PostgreSQL (`database.transaction_deadline`).
     pub deadline: Duration,
+    /// Where the consumer keeps its keys (`dedupe`): the ledger, or the handler's row.
+    pub dedupe: crate::config::Dedupe,
 }
 
 /// Why a batch stopped without committing all of it. Whatever committed before the error was

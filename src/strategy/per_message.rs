@@ -98,6 +98,7 @@ impl Body for KeyFirst {
                 topic: &ctx.topic,
                 partition: Some(ctx.partition),
                 versions: None,
+                business_row: false,
             };
             let t2 = Instant::now();
             let applied = ctx.handler.apply(tx, &bctx, &[*msg]).await?;

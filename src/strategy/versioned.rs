@@ -113,6 +113,7 @@ pub(crate) async fn apply(
             topic: &ctx.topic,
             partition: Some(ctx.partition),
             versions: Some(&facts),
+            business_row: false,
         };
         match ctx.handler.apply(tx, &bctx, &envs).await {
             Ok(a) => {

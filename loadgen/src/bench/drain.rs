@@ -107,7 +107,9 @@ async fn applied(db: &tokio_postgres::Client, name: &str) -> i64 {
 /// Polls (every 50 ms, up to `limit`) until `n` records of consumer `name` are applied; then
 /// PostgreSQL's CPU seconds so far. `None` if they were not applied in time.
 async fn cpu_when_applied(url: String, name: String, n: u64, limit: Duration) -> Option<f64> {
-    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.ok()?;
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .ok()?;
     tokio::spawn(conn);
     let started = std::time::Instant::now();
     while started.elapsed() < limit {
