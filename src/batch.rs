@@ -132,20 +132,20 @@ impl Record {
         config: &ConsumerConfig,
         today: chrono::NaiveDate,
     ) -> Record {
+        // Under `dedupe = "business-row"` a key lives as long as its row: no copy is too old.
+        let retention = match config.dedupe {
+            crate::config::Dedupe::Ledger => config.retention,
+            crate::config::Dedupe::BusinessRow => std::time::Duration::MAX,
+        };
         let decoded = raw.with_view(|view| decoder.decode(view)).and_then(|env| {
-            check_window(
-                env.event_date,
-                today,
-                config.retention,
-                config.future_tolerance,
-            )
-            .and_then(|()| handler.map_or(Ok(()), |h| h.check(&env)))
-            // A versioned event without its aggregate or version cannot be ordered.
-            .and_then(|()| match (&config.version, handler) {
-                (Some(v), Some(_)) => crate::version::read(v, &env).map(|_| ()),
-                _ => Ok(()),
-            })
-            .map_err(|r| r.for_envelope(&env))?;
+            check_window(env.event_date, today, retention, config.future_tolerance)
+                .and_then(|()| handler.map_or(Ok(()), |h| h.check(&env)))
+                // A versioned event without its aggregate or version cannot be ordered.
+                .and_then(|()| match (&config.version, handler) {
+                    (Some(v), Some(_)) => crate::version::read(v, &env).map(|_| ()),
+                    _ => Ok(()),
+                })
+                .map_err(|r| r.for_envelope(&env))?;
             Ok(env)
         });
         Record { raw, decoded }

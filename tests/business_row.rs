@@ -1,7 +1,8 @@
 //! `dedupe = "business-row"` against the real Kafka and PostgreSQL: the cashback handler's credit
 //! (`UNIQUE (payment_id)`) is the key, no ledger row is written, and every kind of copy still
 //! changes nothing: copies in one partition, one event on two partitions at once, a double tap,
-//! the whole topic read again after a rewind. Through commit groups (the default) and without.
+//! the whole topic read again after a rewind, a payment older than the ledger's retention.
+//! Through commit groups (the default) and without.
 
 mod common;
 
@@ -13,9 +14,12 @@ async fn scenario() -> (String, usize, i64, u64, Vec<String>) {
     let topic = common::unique("bizrow");
     common::create_topic(&topic, 2).await;
     let users: Vec<String> = (0..3).map(|_| common::unique("u")).collect();
-    let payments: Vec<Payment> = (0..60)
+    let mut payments: Vec<Payment> = (0..60)
         .map(|i| Payment::new(&users[i % 3], 10_000 + i as i64))
         .collect();
+    // Dated 40 days ago, past the ledger's 15-day retention: the key on its row does not expire,
+    // so it is applied, not parked.
+    payments[5].occurred_at = chrono::Utc::now() - chrono::Duration::days(40);
     let producer = common::producer();
     // Partition 0: every payment, then a copy of every third (a relay's resend).
     let mut p0 = payments.clone();

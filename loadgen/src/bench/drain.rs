@@ -32,6 +32,11 @@ pub(super) struct Drain {
     /// the last partition's offset stored, after [`Db::maintain`] caught up on what earlier
     /// phases left: the drain's transactions, and what autovacuum happened to do meanwhile.
     pub(super) pg_cpu_us_per_msg: f64,
+    /// PostgreSQL's CPU per record in the engine's own sessions, same span
+    /// ([`super::db::engine_cpu_seconds`]): the transactions' cost, without the cluster's
+    /// background work. The stable one of these numbers, and the one to compare changes by.
+    pub(super) pg_engine_us_per_msg: f64,
+    pub(super) pg_engine_cpu_s: f64,
     /// PostgreSQL's CPU per record of [`Db::maintain`] right after the drain: the vacuum
     /// and page writes the drain left behind, which autovacuum and the checkpointer do
     /// later (or, in part, during the drain: the sum with `pg_cpu_us_per_msg` is the stable one).
@@ -78,6 +83,8 @@ impl Drain {
                 records,
             ),
             pg_applied_cpu_s: a.pg_applied_cpu_s + b.pg_applied_cpu_s,
+            pg_engine_us_per_msg: per_record(a.pg_engine_cpu_s + b.pg_engine_cpu_s, records),
+            pg_engine_cpu_s: a.pg_engine_cpu_s + b.pg_engine_cpu_s,
             pg_maintenance_cpu_s: a.pg_maintenance_cpu_s + b.pg_maintenance_cpu_s,
             workers: a.workers.max(b.workers),
             pg_cpu_share: (a.pg_cpu_share + b.pg_cpu_share) / 2.0,
@@ -105,8 +112,14 @@ async fn applied(db: &tokio_postgres::Client, name: &str) -> i64 {
 }
 
 /// Polls (every 50 ms, up to `limit`) until `n` records of consumer `name` are applied; then
-/// PostgreSQL's CPU seconds so far. `None` if they were not applied in time.
-async fn cpu_when_applied(url: String, name: String, n: u64, limit: Duration) -> Option<f64> {
+/// PostgreSQL's CPU seconds so far, the whole cluster's and the engine's sessions'. `None` if
+/// they were not applied in time.
+async fn cpu_when_applied(
+    url: String,
+    name: String,
+    n: u64,
+    limit: Duration,
+) -> Option<(f64, f64)> {
     let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .ok()?;
@@ -114,7 +127,8 @@ async fn cpu_when_applied(url: String, name: String, n: u64, limit: Duration) ->
     let started = std::time::Instant::now();
     while started.elapsed() < limit {
         if applied(&db, &name).await as u64 >= n {
-            return super::pg_cpu_seconds(&db).await;
+            let engine = super::db::engine_cpu_seconds(&db).await?;
+            return Some((super::pg_cpu_seconds(&db).await?, engine));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -304,9 +318,10 @@ pub(super) async fn drain_opts(
     }
     let cost = db.cost_since(&mark).await?;
     // What the transactions cost (not the verification after them), then what they left.
-    let pg_applied_cpu_s = match applied_cpu.await? {
-        Some(at) => at - mark.pg_cpu_s,
-        None => cost.pg_cpu_s,
+    // The engine's sessions are all new since the mark: their CPU is theirs from the start.
+    let (pg_applied_cpu_s, pg_engine_cpu_s) = match applied_cpu.await? {
+        Some((at, engine)) => (at - mark.pg_cpu_s, engine),
+        None => (cost.pg_cpu_s, 0.0),
     };
     let pg_maintenance_cpu_s = db.maintain().await?;
     // From the first to the last commit.
@@ -330,6 +345,8 @@ pub(super) async fn drain_opts(
         pg_maintenance_us_per_msg: per_record(pg_maintenance_cpu_s, records),
         pg_cpu_us_per_msg_all: per_record(pg_applied_cpu_s + pg_maintenance_cpu_s, records),
         pg_applied_cpu_s,
+        pg_engine_us_per_msg: per_record(pg_engine_cpu_s, records),
+        pg_engine_cpu_s,
         pg_maintenance_cpu_s,
         workers,
         pg_cpu_share: if cpu_s + pg_applied_cpu_s > 0.0 {
@@ -340,8 +357,8 @@ pub(super) async fn drain_opts(
         db: cost,
     };
     eprintln!(
-        "   {workers} worker(s): {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg, PostgreSQL {:.1} µs CPU/msg ({:.0}% of the CPU) and {:.1} after it (vacuum, checkpoint), {:.0} WAL bytes/msg, {:.2} row writes/msg",
-        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg, d.pg_cpu_us_per_msg, d.pg_cpu_share * 100.0, d.pg_maintenance_us_per_msg, d.wal_bytes_per_msg, d.row_writes_per_msg
+        "   {workers} worker(s): {:.0} msg/s ({} records in {:.1} s, first to last commit), verified: {}, peak RSS {:.0} MB, {:.1} µs CPU/msg, PostgreSQL {:.1} µs CPU/msg ({:.0}% of the CPU; {:.1} in the engine's sessions) and {:.1} after it (vacuum, checkpoint), {:.0} WAL bytes/msg, {:.2} row writes/msg",
+        d.msg_s, records, span, d.verified, d.rss_mb_peak, d.cpu_us_per_msg, d.pg_cpu_us_per_msg, d.pg_cpu_share * 100.0, d.pg_engine_us_per_msg, d.pg_maintenance_us_per_msg, d.wal_bytes_per_msg, d.row_writes_per_msg
     );
     if let Some(x) = &during {
         eprintln!(
