@@ -288,8 +288,10 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
     let t0 = Instant::now();
     let mut conn = ctx.pool.get().await?;
     let transaction = async {
-        let dates = sorted.candidates.iter().map(|e| e.event_date);
-        ctx.partitions.ensure(&**conn, dates).await?;
+        if ctx.dedupe == crate::config::Dedupe::Ledger {
+            let dates = sorted.candidates.iter().map(|e| e.event_date);
+            ctx.partitions.ensure(&**conn, dates).await?;
+        }
         let tx = conn.transaction().await?;
         if let Some((parent, state)) = &carrier {
             trace_context::set_local(&tx, parent, state.as_deref()).await?;
