@@ -26,53 +26,44 @@ UPDATE staged_messages s SET fresh = true FROM ins
 WHERE s.message_id = ins.message_id
 RETURNING s.seq";
 
-// The batch's keys as arrays, for handlers that read no SQL view: nothing staged, nothing to
-// truncate at commit. `$2` sorted.
-const INSERT_KEYS: &str = "\
+// When nothing reads `fresh_messages` (the handler takes the fresh rows from Rust), the
+// staged rows need no mark: the keys come back and are matched to the batch in memory, which
+// saves a second write of every staged row.
+const INSERT_STAGED_UNMARKED: &str = "\
 INSERT INTO processed_messages (consumer, message_id, event_date)
-SELECT $1, k.message_id, k.event_date FROM unnest($2::uuid[], $3::date[]) AS k(message_id, event_date)
+SELECT $1, message_id, event_date FROM staged_messages ORDER BY message_id
 ON CONFLICT DO NOTHING
-RETURNING message_id, event_date";
+RETURNING message_id";
 
 const INSERT_ONE: &str = "\
 INSERT INTO processed_messages (consumer, message_id, event_date) VALUES ($1, $2, $3)
 ON CONFLICT DO NOTHING";
 
-/// Inserts every staged key and marks the fresh rows in `staged_messages`, for the
-/// `fresh_messages` view; returns the indexes into `staged` (the rows as copied, whose `seq` is
-/// their index) of the fresh ones, ascending.
-pub async fn insert_staged(tx: &Transaction<'_>, consumer: &str) -> Result<Vec<usize>, StoreError> {
-    let stmt = tx.prepare_cached(INSERT_STAGED).await?;
-    let rows = tx.query(&stmt, &[&consumer]).await?;
-    let mut fresh: Vec<usize> = rows.iter().map(|r| r.get::<_, i32>(0) as usize).collect();
-    fresh.sort_unstable();
-    Ok(fresh)
-}
-
-/// Inserts the keys of `candidates` (first copies: no key twice) straight from arrays, without
-/// staging them; returns the indexes into `candidates` of the fresh ones, ascending. For
-/// handlers that read no SQL view, where staging served the dedupe insert alone: the batch drain
-/// spent 1.5 µs of PostgreSQL's CPU a message on the `COPY` and the read back
-/// (docs/PERFORMANCE.md, "PostgreSQL's CPU per message").
-pub async fn insert_keys(
+/// Inserts every staged key; returns the indexes into `staged` (the rows as copied, whose
+/// `seq` is their index) of the fresh ones, ascending. With `mark`, the fresh rows are also
+/// marked in `staged_messages`, for the `fresh_messages` view.
+pub async fn insert_staged(
     tx: &Transaction<'_>,
     consumer: &str,
-    candidates: &[&Envelope],
+    staged: &[&Envelope],
+    mark: bool,
 ) -> Result<Vec<usize>, StoreError> {
-    // In key order (see the module's note on locks).
-    let mut order: Vec<usize> = (0..candidates.len()).collect();
-    order.sort_unstable_by_key(|&i| (candidates[i].message_id, candidates[i].event_date));
-    let ids: Vec<Uuid> = order.iter().map(|&i| candidates[i].message_id).collect();
-    let dates: Vec<chrono::NaiveDate> = order.iter().map(|&i| candidates[i].event_date).collect();
-    let stmt = tx.prepare_cached(INSERT_KEYS).await?;
-    let rows = tx.query(&stmt, &[&consumer, &ids, &dates]).await?;
-    let by_key: HashMap<(Uuid, chrono::NaiveDate), usize> = (candidates.iter().enumerate())
-        .map(|(i, e)| ((e.message_id, e.event_date), i))
-        .collect();
-    let mut fresh: Vec<usize> = rows
-        .iter()
-        .filter_map(|r| by_key.get(&(r.get(0), r.get(1))).copied())
-        .collect();
+    let mut fresh: Vec<usize> = if mark {
+        let stmt = tx.prepare_cached(INSERT_STAGED).await?;
+        let rows = tx.query(&stmt, &[&consumer]).await?;
+        rows.iter().map(|r| r.get::<_, i32>(0) as usize).collect()
+    } else {
+        let stmt = tx.prepare_cached(INSERT_STAGED_UNMARKED).await?;
+        let rows = tx.query(&stmt, &[&consumer]).await?;
+        let by_id: HashMap<Uuid, usize> = staged
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.message_id, i))
+            .collect();
+        rows.iter()
+            .filter_map(|r| by_id.get(&r.get::<_, Uuid>(0)).copied())
+            .collect()
+    };
     fresh.sort_unstable();
     Ok(fresh)
 }

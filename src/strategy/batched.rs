@@ -2,10 +2,9 @@
 //!
 //! 1. advance the partition's offset, fenced by the ownership epoch (a zombie stops here);
 //! 2. park the batch's undecodable or refused records;
-//! 3. for a handler that reads the `fresh_messages` view (an SQL handler), binary `COPY` the
-//!    first copy of each message into `staged_messages`;
-//! 4. insert the keys (the staged ones, or the batch's as arrays) into
-//!    `processed_messages ... ON CONFLICT DO NOTHING`: the keys it returns are the fresh messages
+//! 3. binary `COPY` the first copy of each message into `staged_messages`;
+//! 4. insert the staged keys into `processed_messages ... ON CONFLICT DO NOTHING`: the keys it
+//!    returns are the fresh messages
 //!    (under `dedupe = "business-row"`, steps 3 and 4 are skipped: every first copy goes to the
 //!    handler, whose insert under its business row's unique key is the dedupe);
 //! 5. the handler applies the effect to the fresh messages only;
@@ -96,15 +95,11 @@ impl Body for StageAndDedupe {
         let (t1, fresh_seq) = if business_row {
             // The handler's row is the key: every candidate goes to it.
             (t0, (0..candidates.len()).collect())
-        } else if set_based {
-            copy::stage(tx, candidates, true, false, None).await?;
-            let t1 = Instant::now();
-            (t1, dedupe::insert_staged(tx, &ctx.consumer).await?)
         } else {
-            (
-                t0,
-                dedupe::insert_keys(tx, &ctx.consumer, candidates).await?,
-            )
+            copy::stage(tx, candidates, set_based, false, None).await?;
+            let t1 = Instant::now();
+            let fresh = dedupe::insert_staged(tx, &ctx.consumer, candidates, set_based).await?;
+            (t1, fresh)
         };
         let t2 = Instant::now();
         let fresh: Vec<&Envelope> = fresh_seq.iter().map(|&s| candidates[s]).collect();

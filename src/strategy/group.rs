@@ -311,14 +311,12 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
                 // The handler's row is the key: every candidate goes to it.
                 fresh_seq = (0..sorted.candidates.len()).collect();
                 Instant::now()
-            } else if set_based {
-                copy::stage(&tx, &sorted.candidates, true, false, None).await?;
-                let t2 = Instant::now();
-                fresh_seq = dedupe::insert_staged(&tx, &ctx.consumer).await?;
-                t2
             } else {
+                copy::stage(&tx, &sorted.candidates, set_based, false, None).await?;
                 let t2 = Instant::now();
-                fresh_seq = dedupe::insert_keys(&tx, &ctx.consumer, &sorted.candidates).await?;
+                fresh_seq =
+                    dedupe::insert_staged(&tx, &ctx.consumer, &sorted.candidates, set_based)
+                        .await?;
                 t2
             };
             let t3 = Instant::now();

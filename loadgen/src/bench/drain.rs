@@ -41,6 +41,10 @@ pub(super) struct Drain {
     /// and page writes the drain left behind, which autovacuum and the checkpointer do
     /// later (or, in part, during the drain: the sum with `pg_cpu_us_per_msg` is the stable one).
     pub(super) pg_maintenance_us_per_msg: f64,
+    /// PostgreSQL's CPU seconds of [`Db::maintain`] before the drain: what earlier phases left
+    /// (after the 5 M keys prepared for the drop, seconds of it), which used to fall inside the
+    /// drain's window whenever autovacuum and the checkpointer got to it then.
+    pub(super) pg_settled_before_cpu_s: f64,
     /// `pg_cpu_us_per_msg + pg_maintenance_us_per_msg`: what one message costs PostgreSQL.
     pub(super) pg_cpu_us_per_msg_all: f64,
     /// The CPU seconds behind the two (for [`Drain::combine`]).
@@ -86,6 +90,7 @@ impl Drain {
             pg_engine_us_per_msg: per_record(a.pg_engine_cpu_s + b.pg_engine_cpu_s, records),
             pg_engine_cpu_s: a.pg_engine_cpu_s + b.pg_engine_cpu_s,
             pg_maintenance_cpu_s: a.pg_maintenance_cpu_s + b.pg_maintenance_cpu_s,
+            pg_settled_before_cpu_s: a.pg_settled_before_cpu_s + b.pg_settled_before_cpu_s,
             workers: a.workers.max(b.workers),
             pg_cpu_share: (a.pg_cpu_share + b.pg_cpu_share) / 2.0,
             db: a.db.plus(&b.db),
@@ -258,7 +263,7 @@ pub(super) async fn drain_opts(
     }
     eprintln!("   topic pre-filled: {records} records; starting the worker");
     let db = Db::connect(args).await?;
-    db.maintain().await?;
+    let pg_settled_before_cpu_s = db.maintain().await?;
     let mark = db.mark().await?;
     let applied_cpu = tokio::spawn(cpu_when_applied(
         args.services.database_url.clone(),
@@ -348,6 +353,7 @@ pub(super) async fn drain_opts(
         pg_engine_us_per_msg: per_record(pg_engine_cpu_s, records),
         pg_engine_cpu_s,
         pg_maintenance_cpu_s,
+        pg_settled_before_cpu_s,
         workers,
         pg_cpu_share: if cpu_s + pg_applied_cpu_s > 0.0 {
             (pg_applied_cpu_s / (cpu_s + pg_applied_cpu_s) * 1000.0).round() / 1000.0
