@@ -57,6 +57,39 @@ const RATE: f64 = 2000.0;
 /// Connect's columns and these: the record's timestamp and the records applied.
 const MORE_COLUMNS: &str = ", kafka_ts timestamptz NOT NULL, applied int4 NOT NULL DEFAULT 1";
 
+/// The measured runs' topics hold no copies: Flink's XA sink stalls for good on a record whose
+/// key its own previous checkpoint's transaction still holds, prepared (the upsert waits for
+/// that transaction's lock on the task's thread, and only that thread commits it, once the
+/// checkpoint completes: the full-scale drain of 2026-12-07, with the engine's 10% resends,
+/// stopped at its 6th checkpoint). The redelivery run shows it ([`redelivery`]).
+fn no_copies() -> Mix {
+    Mix {
+        resend: 0.0,
+        ..resends_only()
+    }
+}
+
+/// `flink.redelivery` in report.json: the latency phase's mix (10% resends, each a moment after
+/// its original, in its partition) at [`RATE`], checkpoints every second.
+#[derive(Debug, Default, Serialize)]
+pub(super) struct RedeliveryRun {
+    pub(super) checkpoint_interval_ms: u64,
+    pub(super) rate: f64,
+    pub(super) seconds: f64,
+    pub(super) records: u64,
+    /// No checkpoint moved the group for [`STALL`] while records waited.
+    pub(super) stalled: bool,
+    /// The group's lag when the run stopped (0: everything committed).
+    pub(super) lag_at_end: i64,
+    /// Sessions of the peer's database waiting for a lock that a prepared transaction holds,
+    /// when the run stopped.
+    pub(super) waiting_on_prepared: i64,
+    pub(super) prepared: i64,
+}
+
+/// How long the group's lag may stand still, records waiting, before a run is called stalled.
+const STALL: Duration = Duration::from_secs(60);
+
 /// `flink` in report.json.
 #[derive(Debug, Default, Serialize)]
 pub(super) struct FlinkReport {
@@ -76,6 +109,7 @@ pub(super) struct FlinkReport {
     pub(super) drains: Vec<DrainRun>,
     pub(super) latency: Vec<LatencyRun>,
     pub(super) crash: CrashRun,
+    pub(super) redelivery: RedeliveryRun,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -261,6 +295,23 @@ pub(super) async fn flink(
     );
     report.verified &= crash.check.verified;
     report.crash = crash;
+
+    let redelivery = redelivery(&ctx, INTERVALS[0], Duration::from_secs(20)).await?;
+    eprintln!(
+        "   with 10% resends at {RATE}/s, checkpoints every {:?}: {} ({} records, lag {} at the \
+         end, {} sessions waiting for a prepared transaction's lock, {} prepared)",
+        INTERVALS[0],
+        if redelivery.stalled {
+            "STALLED"
+        } else {
+            "went through"
+        },
+        redelivery.records,
+        redelivery.lag_at_end,
+        redelivery.waiting_on_prepared,
+        redelivery.prepared
+    );
+    report.redelivery = redelivery;
     Ok(report)
 }
 
@@ -271,7 +322,7 @@ async fn prefill(args: &BenchArgs, events: u64) -> anyhow::Result<Topic> {
         rate: None,
         duration: Duration::from_secs(3600),
     }];
-    let spec = spec(args, &name, PARTITIONS, plan, Some(events), resends_only());
+    let spec = spec(args, &name, PARTITIONS, plan, Some(events), no_copies());
     let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
     produced.stop_sampling();
@@ -391,7 +442,7 @@ async fn latency(ctx: &Ctx<'_>, interval: Duration, each: Duration) -> anyhow::R
         interval.as_millis(),
         fastrand::u32(..0xffffff)
     );
-    let (session, spec) = rated(ctx.args, &name, each).await?;
+    let (session, spec) = rated(ctx.args, &name, each, no_copies()).await?;
     let setup = Setup::new(ctx, &name).await?;
     let clock = CommitClock::start(&ctx.args.services.database_url).await?;
     let log = setup.dir.join("flink.log");
@@ -428,11 +479,76 @@ async fn latency(ctx: &Ctx<'_>, interval: Duration, each: Duration) -> anyhow::R
     })
 }
 
+/// Sessions of this database waiting for a transaction id's lock that a prepared transaction
+/// holds.
+async fn waiting_on_prepared(db: &tokio_postgres::Client) -> anyhow::Result<i64> {
+    Ok(db
+        .query_one(
+            "SELECT count(*) FROM pg_locks w JOIN pg_prepared_xacts p
+               ON w.locktype = 'transactionid' AND NOT w.granted
+              AND w.transactionid = p.transaction
+             WHERE p.database = current_database()",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// The latency phase's mix (10% resends) at [`RATE`] for `duration`, checkpoints every
+/// `interval`: whether the peer gets through copies of the records it has just written, or
+/// stalls waiting for its own prepared transaction. The table is not checked (a stalled run
+/// holds what its committed checkpoints wrote).
+async fn redelivery(
+    ctx: &Ctx<'_>,
+    interval: Duration,
+    duration: Duration,
+) -> anyhow::Result<RedeliveryRun> {
+    let name = format!("bench-flink-redelivery-{:06x}", fastrand::u32(..0xffffff));
+    let mix = Mix {
+        resend: 0.10,
+        ..resends_only()
+    };
+    let (session, spec) = rated(ctx.args, &name, duration, mix).await?;
+    let setup = Setup::new(ctx, &name).await?;
+    let log = setup.dir.join("flink.log");
+    let mut job = Job::start(&setup.launch(ctx, &name, interval, None, &log)).await?;
+    tokio::time::sleep(Duration::from_secs(5).max(interval * 2)).await;
+    let produced = produce_stage(&session, &spec).await?;
+    produced.stop_sampling();
+    let topic = topic(ctx.args, name.clone(), &produced)?;
+    let outcome = until_applied(ctx, &mut job, &setup.table, &topic, interval).await;
+    let group = group_reader(&ctx.args.services.brokers, &setup.table)?;
+    let run = RedeliveryRun {
+        checkpoint_interval_ms: interval.as_millis() as u64,
+        rate: RATE,
+        seconds: duration.as_secs_f64(),
+        records: topic.records,
+        stalled: outcome.is_err(),
+        lag_at_end: lag(&group, &topic.name, &topic.highs)?,
+        waiting_on_prepared: waiting_on_prepared(&ctx.db).await?,
+        prepared: (ctx
+            .db
+            .query_one("SELECT count(*) FROM pg_prepared_xacts", &[])
+            .await?)
+            .get(0),
+    };
+    if let Err(e) = outcome {
+        eprintln!("   {e:#}");
+    }
+    job.stop().await?;
+    roll_back_prepared(&ctx.db).await?;
+    ctx.db
+        .batch_execute(&format!("DROP TABLE {}", setup.table))
+        .await?;
+    delete_topics(&ctx.args.services.brokers, &[&name]).await;
+    Ok(run)
+}
+
 /// The peer on a fresh topic at [`RATE`] for `duration`, SIGKILLed 40% of the way through (once
 /// it has retained a checkpoint), restarted from its newest one; then its table checked.
 async fn crash(ctx: &Ctx<'_>, interval: Duration, duration: Duration) -> anyhow::Result<CrashRun> {
     let name = format!("bench-flink-crash-{:06x}", fastrand::u32(..0xffffff));
-    let (session, spec) = rated(ctx.args, &name, duration).await?;
+    let (session, spec) = rated(ctx.args, &name, duration, no_copies()).await?;
     let setup = Setup::new(ctx, &name).await?;
     let log = setup.dir.join("flink.log");
     let job = Job::start(&setup.launch(ctx, &name, interval, None, &log)).await?;
@@ -493,20 +609,17 @@ async fn crash(ctx: &Ctx<'_>, interval: Duration, duration: Duration) -> anyhow:
     })
 }
 
-/// A fresh topic and a spec offering [`RATE`] for `duration`, with the latency phase's mix.
+/// A fresh topic and a spec offering [`RATE`] for `duration`, with `mix`.
 async fn rated(
     args: &BenchArgs,
     name: &str,
     duration: Duration,
+    mix: Mix,
 ) -> anyhow::Result<(Session, crate::Spec)> {
     let plan = vec![Step {
         rate: Some(RATE),
         duration,
     }];
-    let mix = Mix {
-        resend: 0.10,
-        ..resends_only()
-    };
     let mut s = spec(args, name, PARTITIONS, plan, None, mix);
     s.report_dir = args.out.join(name);
     Ok((Session::open(&s).await?, s))
@@ -526,8 +639,22 @@ async fn until_applied(
     let group = group_reader(&ctx.args.services.brokers, table)?;
     let timeout = Duration::from_secs(1800);
     let started = Instant::now();
-    while lag(&group, &topic.name, &topic.highs)? > 0 {
+    let (mut last, mut moved) = (i64::MAX, Instant::now());
+    loop {
+        let now = lag(&group, &topic.name, &topic.highs)?;
+        if now == 0 {
+            break;
+        }
+        if now != last {
+            (last, moved) = (now, Instant::now());
+        }
         job.alive()?;
+        ensure!(
+            moved.elapsed() < STALL,
+            "the Flink peer stalled: its group's lag stood at {now} for {STALL:?} ({} sessions \
+             waiting for a prepared transaction's lock)",
+            waiting_on_prepared(&ctx.db).await.unwrap_or(-1)
+        );
         ensure!(
             started.elapsed() < timeout,
             "the Flink peer did not consume {} within {timeout:?}",
