@@ -61,7 +61,7 @@ const MORE_COLUMNS: &str = ", kafka_ts timestamptz NOT NULL, applied int4 NOT NU
 /// key its own previous checkpoint's transaction still holds, prepared (the upsert waits for
 /// that transaction's lock on the task's thread, and only that thread commits it, once the
 /// checkpoint completes: the full-scale drain of 2026-12-07, with the engine's 10% resends,
-/// stopped at its 6th checkpoint). The redelivery run shows it ([`redelivery`]).
+/// stopped at its 6th checkpoint). The redelivery run looks for it ([`redelivery`]).
 fn no_copies() -> Mix {
     Mix {
         resend: 0.0,
