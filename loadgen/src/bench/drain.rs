@@ -320,7 +320,22 @@ pub(super) async fn drain_opts(
             (from, to, out.map(|o| o.status.success()).unwrap_or(false))
         })
     });
-    let report = finish_stage(&session, &spec, &produced).await?;
+    // A worker that exits (a config its binary refuses, a crash) fails the drain at once, not
+    // after the drain's timeout.
+    let gone = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for (w, worker) in pool.iter_mut().enumerate() {
+                if let Some(why) = worker.exited(&format!("{name}-{w}.log")) {
+                    return why;
+                }
+            }
+        }
+    };
+    let report = tokio::select! {
+        report = finish_stage(&session, &spec, &produced) => report?,
+        why = gone => anyhow::bail!("{why}"),
+    };
     let during = match dropper {
         Some(task) => {
             let (from, to, ok) = task.await?;
