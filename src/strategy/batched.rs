@@ -78,6 +78,24 @@ impl Strategy for Batched {
     }
 }
 
+/// Steps 3 and 4 for `candidates` (first copies), in `tx`: when the staging ended, and the
+/// indexes of the fresh ones, ascending. Under `dedupe = "business-row"` neither runs: the
+/// handler's row is the key, and every candidate goes to it. Shared with commit groups.
+pub(super) async fn stage_and_dedupe(
+    ctx: &PartitionCtx,
+    tx: &Transaction<'_>,
+    candidates: &[&Envelope],
+) -> Result<(Instant, Vec<usize>), crate::store::StoreError> {
+    if ctx.dedupe == Dedupe::BusinessRow {
+        return Ok((Instant::now(), (0..candidates.len()).collect()));
+    }
+    let set_based = ctx.handler.stages_payload();
+    copy::stage(tx, candidates, set_based, false, None).await?;
+    let staged = Instant::now();
+    let fresh = dedupe::insert_staged(tx, &ctx.consumer, candidates, set_based).await?;
+    Ok((staged, fresh))
+}
+
 struct StageAndDedupe;
 
 #[async_trait]
@@ -89,18 +107,9 @@ impl Body for StageAndDedupe {
         candidates: &[&Envelope],
         raws: &[&Raw],
     ) -> Result<BodyOutcome, AttemptError> {
-        let set_based = ctx.handler.stages_payload();
         let business_row = ctx.dedupe == Dedupe::BusinessRow;
         let t0 = Instant::now();
-        let (t1, fresh_seq) = if business_row {
-            // The handler's row is the key: every candidate goes to it.
-            (t0, (0..candidates.len()).collect())
-        } else {
-            copy::stage(tx, candidates, set_based, false, None).await?;
-            let t1 = Instant::now();
-            let fresh = dedupe::insert_staged(tx, &ctx.consumer, candidates, set_based).await?;
-            (t1, fresh)
-        };
+        let (t1, fresh_seq) = stage_and_dedupe(ctx, tx, candidates).await?;
         let t2 = Instant::now();
         let fresh: Vec<&Envelope> = fresh_seq.iter().map(|&s| candidates[s]).collect();
         let mut out = BodyOutcome {

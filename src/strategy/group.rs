@@ -36,7 +36,7 @@ use crate::envelope::Envelope;
 use crate::handler::BatchContext;
 use crate::store::dead_letters::{self, Parked};
 use crate::store::offsets::{self, Move};
-use crate::store::{copy, dedupe, trace_context};
+use crate::store::trace_context;
 use crate::telemetry;
 
 /// The committers of one consumer, one per topic.
@@ -265,7 +265,6 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
             (m.ctx.partition, mv)
         })
         .collect();
-    let set_based = ctx.handler.stages_payload();
     // Tracing off: `None`, and nothing is counted or read.
     let span = telemetry::enabled().then(|| {
         let records = members.iter().flat_map(|m| &m.batch.records);
@@ -307,18 +306,9 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
         let (t2, t3) = if sorted.candidates.is_empty() {
             (t1, t1)
         } else {
-            let t2 = if ctx.dedupe == crate::config::Dedupe::BusinessRow {
-                // The handler's row is the key: every candidate goes to it.
-                fresh_seq = (0..sorted.candidates.len()).collect();
-                Instant::now()
-            } else {
-                copy::stage(&tx, &sorted.candidates, set_based, false, None).await?;
-                let t2 = Instant::now();
-                fresh_seq =
-                    dedupe::insert_staged(&tx, &ctx.consumer, &sorted.candidates, set_based)
-                        .await?;
-                t2
-            };
+            let t2;
+            (t2, fresh_seq) =
+                super::batched::stage_and_dedupe(ctx, &tx, &sorted.candidates).await?;
             let t3 = Instant::now();
             if !fresh_seq.is_empty() {
                 let fresh: Vec<&Envelope> =

@@ -96,7 +96,7 @@ impl Drain {
             pg_engine_cpu_s: a.pg_engine_cpu_s + b.pg_engine_cpu_s,
             pg_maintenance_cpu_s: a.pg_maintenance_cpu_s + b.pg_maintenance_cpu_s,
             pg_settled_before_cpu_s: a.pg_settled_before_cpu_s + b.pg_settled_before_cpu_s,
-            pg_per_worker_cpu: ratio2(a.pg_engine_cpu_s + b.pg_engine_cpu_s, cpu_us / 1e6),
+            pg_per_worker_cpu: super::ratio(a.pg_engine_cpu_s + b.pg_engine_cpu_s, cpu_us / 1e6),
             workers: a.workers.max(b.workers),
             pg_cpu_share: (a.pg_cpu_share + b.pg_cpu_share) / 2.0,
             db: a.db.plus(&b.db),
@@ -104,18 +104,9 @@ impl Drain {
     }
 }
 
-/// `a / b` to two decimals (0 when `b` is 0).
-fn ratio2(a: f64, b: f64) -> f64 {
-    if b > 0.0 {
-        (a / b * 100.0).round() / 100.0
-    } else {
-        0.0
-    }
-}
-
 /// Microseconds a record, to a tenth.
 fn per_record(cpu_s: f64, records: u64) -> f64 {
-    (cpu_s * 1e6 / records.max(1) as f64 * 10.0).round() / 10.0
+    super::round1(cpu_s * 1e6 / records.max(1) as f64)
 }
 
 /// The sum of the partitions' stored offsets of the bench consumer `name` (which reads the
@@ -384,7 +375,7 @@ pub(super) async fn drain_opts(
         pg_engine_cpu_s,
         pg_maintenance_cpu_s,
         pg_settled_before_cpu_s,
-        pg_per_worker_cpu: ratio2(pg_engine_cpu_s, cpu_s),
+        pg_per_worker_cpu: super::ratio(pg_engine_cpu_s, cpu_s),
         workers,
         pg_cpu_share: if cpu_s + pg_applied_cpu_s > 0.0 {
             (pg_applied_cpu_s / (cpu_s + pg_applied_cpu_s) * 1000.0).round() / 1000.0
