@@ -21,13 +21,13 @@ use deadpool_postgres::Transaction;
 
 use super::group::{Groups, Reply};
 use super::segments::{drive, Body, BodyOutcome, Shape};
+use super::stage;
 use super::{versioned, AttemptError, BatchError, Committed, Outcome, PartitionCtx, Strategy};
 use crate::batch::{Batch, Raw};
 use crate::config::Dedupe;
 use crate::envelope::Envelope;
 use crate::handler::BatchContext;
 use crate::prefilter::Prefilter;
-use crate::store::{copy, dedupe};
 
 #[derive(Default, Clone)]
 pub struct Batched {
@@ -78,24 +78,6 @@ impl Strategy for Batched {
     }
 }
 
-/// Steps 3 and 4 for `candidates` (first copies), in `tx`: when the staging ended, and the
-/// indexes of the fresh ones, ascending. Under `dedupe = "business-row"` neither runs: the
-/// handler's row is the key, and every candidate goes to it. Shared with commit groups.
-pub(super) async fn stage_and_dedupe(
-    ctx: &PartitionCtx,
-    tx: &Transaction<'_>,
-    candidates: &[&Envelope],
-) -> Result<(Instant, Vec<usize>), crate::store::StoreError> {
-    if ctx.dedupe == Dedupe::BusinessRow {
-        return Ok((Instant::now(), (0..candidates.len()).collect()));
-    }
-    let set_based = ctx.handler.stages_payload();
-    copy::stage(tx, candidates, set_based, false, None).await?;
-    let staged = Instant::now();
-    let fresh = dedupe::insert_staged(tx, &ctx.consumer, candidates, set_based).await?;
-    Ok((staged, fresh))
-}
-
 struct StageAndDedupe;
 
 #[async_trait]
@@ -109,7 +91,7 @@ impl Body for StageAndDedupe {
     ) -> Result<BodyOutcome, AttemptError> {
         let business_row = ctx.dedupe == Dedupe::BusinessRow;
         let t0 = Instant::now();
-        let (t1, fresh_seq) = stage_and_dedupe(ctx, tx, candidates).await?;
+        let (t1, fresh_seq) = stage::stage_and_dedupe(ctx, tx, candidates).await?;
         let t2 = Instant::now();
         let fresh: Vec<&Envelope> = fresh_seq.iter().map(|&s| candidates[s]).collect();
         let mut out = BodyOutcome {

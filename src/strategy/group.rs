@@ -307,8 +307,7 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
             (t1, t1)
         } else {
             let t2;
-            (t2, fresh_seq) =
-                super::batched::stage_and_dedupe(ctx, &tx, &sorted.candidates).await?;
+            (t2, fresh_seq) = super::stage::stage_and_dedupe(ctx, &tx, &sorted.candidates).await?;
             let t3 = Instant::now();
             if !fresh_seq.is_empty() {
                 let fresh: Vec<&Envelope> =

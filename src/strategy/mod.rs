@@ -8,6 +8,7 @@ pub mod group;
 pub mod inbox;
 pub mod per_message;
 mod segments;
+mod stage;
 pub(crate) mod versioned;
 
 use std::sync::Arc;
