@@ -321,6 +321,10 @@ struct BenchReport {
     flink_msg_s: f64,
     /// `batch_msg_s` over `flink_msg_s` (0 unless both ran). Goal: at least 1.5.
     batch_vs_flink_xa: f64,
+    /// The engine (batch strategy) with the peer's upsert as its SQL handler, on the topic of
+    /// Flink's drains, between them, over `flink_msg_s`: one write a payment on both sides
+    /// (`flink.same_effect`). Goal: at least 1.5, as for `batch_vs_flink_xa`.
+    same_effect_vs_flink_xa: f64,
     /// Flink's p99 at 2,000 msg/s (its shorter checkpoint interval), ms.
     flink_p99_ms_at_2000: f64,
     /// Flink's p99 over ours (`latency_ms.at_2000.p99`), at 2,000 msg/s (0 unless both ran).
@@ -538,10 +542,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
              2,000 msg/s; a SIGKILL mid-stream",
             sizes.batch
         );
-        match flink::flink(&args, sizes.batch, sizes.latency, sizes.flink_crash).await {
+        match flink::flink(&args, &bin, sizes.batch, sizes.latency, sizes.flink_crash).await {
             Ok(f) => {
                 report.flink_msg_s = f.msg_s;
                 report.batch_vs_flink_xa = ratio(report.batch_msg_s, f.msg_s);
+                report.same_effect_vs_flink_xa = f.same_effect_vs_flink_xa;
                 report.flink_p99_ms_at_2000 = f.p99_ms_at_2000;
                 report.flink_p99_vs_batch = ratio(f.p99_ms_at_2000, report.latency_ms.at_2000.p99);
                 report.verified &= f.verified;

@@ -11,18 +11,22 @@
 //! of the event's records were applied (a resend makes 2). A record applied twice, the failure
 //! exactly-once is about, shows as one too many; a record lost, as one too few.
 //!
-//! Three measurements, each on a topic and table of its own:
+//! Measurements, each on a table of its own:
 //! 1. drains: the batch drain's kind and size of pre-filled topic, once per checkpoint interval
-//!    ([`INTERVALS`]): records/s, the JVM's and PostgreSQL's CPU per record;
+//!    ([`INTERVALS`]): records/s, the JVM's and PostgreSQL's CPU per record; between the two,
+//!    the engine on the same topic with the peer's upsert as its SQL handler ([`engine`]);
 //! 2. latency at 2,000 msg/s, once per interval: each row's commit time ([`commits`]) minus its
 //!    record's timestamp;
 //! 3. a crash: the JVM SIGKILLed mid-stream at 2,000 msg/s, restarted from its newest retained
-//!    checkpoint, then the table checked for records lost and applied twice.
+//!    checkpoint, then the table checked for records lost and applied twice;
+//! 4. redelivery: the batch drain's topic with its copies, to see whether the peer stalls on
+//!    them ([`redelivery`]).
 //!
 //! Running the JVM is in [`job`]; reading commit times from PostgreSQL's snapshots in
 //! [`commits`]; this file measures.
 
 mod commits;
+mod engine;
 mod job;
 
 use std::collections::HashMap;
@@ -69,14 +73,17 @@ fn no_copies() -> Mix {
     }
 }
 
-/// `flink.redelivery` in report.json: the latency phase's mix (10% resends, each a moment after
-/// its original, in its partition) at [`RATE`], checkpoints every second.
+/// `flink.redelivery` in report.json: the batch drain's topic, copies included, drained with
+/// checkpoints every second ([`redelivery`]).
 #[derive(Debug, Default, Serialize)]
 pub(super) struct RedeliveryRun {
     pub(super) checkpoint_interval_ms: u64,
-    pub(super) rate: f64,
-    pub(super) seconds: f64,
+    pub(super) events: u64,
     pub(super) records: u64,
+    /// Records that are copies of an earlier one (resends).
+    pub(super) copies: u64,
+    /// From the JVM's start until the run went through or was called stalled.
+    pub(super) seconds: f64,
     /// No checkpoint moved the group for [`STALL`] while records waited.
     pub(super) stalled: bool,
     /// The group's lag when the run stopped (0: everything committed).
@@ -85,6 +92,10 @@ pub(super) struct RedeliveryRun {
     /// when the run stopped.
     pub(super) waiting_on_prepared: i64,
     pub(super) prepared: i64,
+    /// The table against the topic, when the run went through (a copy is applied again, as
+    /// an upsert: `applied` counts it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) check: Option<peer::TableCheck>,
 }
 
 /// How long the group's lag may stand still, records waiting, before a run is called stalled.
@@ -110,6 +121,16 @@ pub(super) struct FlinkReport {
     pub(super) latency: Vec<LatencyRun>,
     pub(super) crash: CrashRun,
     pub(super) redelivery: RedeliveryRun,
+    /// The engine on the peer's effect ([`engine`]): the batch strategy, an SQL handler whose
+    /// statement is the peer's upsert, on the same topic, between Flink's two drains, measured
+    /// the same way (`checkpoint_interval_ms` 0).
+    pub(super) same_effect: DrainRun,
+    /// Its handler's statement (`{t}`: the run's table).
+    pub(super) same_effect_statement: String,
+    /// `same_effect.msg_s` over `msg_s`: one write against one write.
+    pub(super) same_effect_vs_flink_xa: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) same_effect_error: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -191,6 +212,7 @@ struct Topic {
 
 pub(super) async fn flink(
     args: &BenchArgs,
+    bin: &Path,
     events: u64,
     latency_each: Duration,
     crash_for: Duration,
@@ -238,7 +260,11 @@ pub(super) async fn flink(
         topic.records,
         topic.expected.len()
     );
-    for interval in INTERVALS {
+    for (i, interval) in INTERVALS.into_iter().enumerate() {
+        if i == 1 {
+            // Between Flink's two drains, so that both sides see the same stretch of time.
+            same_effect(&ctx, bin, &topic, &mut report).await;
+        }
         let run = drain(&ctx, &topic, interval).await?;
         eprintln!(
             "   checkpoints every {interval:?}: {:.0} msg/s, first write to last commit ({:.0} after \
@@ -265,6 +291,13 @@ pub(super) async fn flink(
         report.drains.push(run);
     }
     delete_topics(&args.services.brokers, &[&topic.name]).await;
+    report.same_effect_vs_flink_xa = super::ratio(report.same_effect.msg_s, report.msg_s);
+    if report.same_effect_error.is_none() {
+        eprintln!(
+            "   the engine on the peer's effect against Flink's better drain: {:.2}",
+            report.same_effect_vs_flink_xa
+        );
+    }
 
     for interval in INTERVALS {
         let run = latency(&ctx, interval, latency_each).await?;
@@ -296,23 +329,58 @@ pub(super) async fn flink(
     report.verified &= crash.check.verified;
     report.crash = crash;
 
-    let redelivery = redelivery(&ctx, INTERVALS[0], Duration::from_secs(20)).await?;
+    let redelivery = redelivery(&ctx, INTERVALS[0], events).await?;
     eprintln!(
-        "   with 10% resends at {RATE}/s, checkpoints every {:?}: {} ({} records, lag {} at the \
-         end, {} sessions waiting for a prepared transaction's lock, {} prepared)",
+        "   the batch drain's topic with its copies ({} of {} records), checkpoints every {:?}: \
+         {} after {:.0} s (lag {} at the end, {} sessions waiting for a prepared transaction's \
+         lock, {} prepared)",
+        redelivery.copies,
+        redelivery.records,
         INTERVALS[0],
         if redelivery.stalled {
             "STALLED"
         } else {
             "went through"
         },
-        redelivery.records,
+        redelivery.seconds,
         redelivery.lag_at_end,
         redelivery.waiting_on_prepared,
         redelivery.prepared
     );
     report.redelivery = redelivery;
     Ok(report)
+}
+
+/// The engine's drain on the peer's effect into `report`; a failure is reported there and fails
+/// the phase's check, and Flink's runs still measure.
+async fn same_effect(ctx: &Ctx<'_>, bin: &Path, topic: &Topic, report: &mut FlinkReport) {
+    report.same_effect_statement = engine::statement().into();
+    match engine::drain(ctx, bin, topic).await {
+        Ok(run) => {
+            eprintln!(
+                "   the engine, batch strategy, the peer's upsert as its SQL handler: {:.0} msg/s, \
+                 first write to last commit ({} records, {:.1} s first to last commit, {} \
+                 transactions), {:.1} µs CPU/msg, PostgreSQL {:.1} µs CPU/msg, {:.0} WAL \
+                 bytes/msg, peak RSS {:.0} MB, verified: {}",
+                run.msg_s,
+                run.records,
+                run.seconds,
+                run.transactions,
+                run.cpu_us_per_msg,
+                run.pg_cpu_us_per_msg,
+                run.wal_bytes_per_msg,
+                run.rss_mb_peak,
+                run.check.verified
+            );
+            report.verified &= run.check.verified;
+            report.same_effect = run;
+        }
+        Err(e) => {
+            eprintln!("   the engine's drain on the peer's effect failed: {e:#}");
+            report.same_effect_error = Some(format!("{e:#}"));
+            report.verified = false;
+        }
+    }
 }
 
 /// A payments topic like the batch drain's (6 partitions, 10% resends), `events` payments.
@@ -494,35 +562,47 @@ async fn waiting_on_prepared(db: &tokio_postgres::Client) -> anyhow::Result<i64>
         .get(0))
 }
 
-/// The latency phase's mix (10% resends) at [`RATE`] for `duration`, checkpoints every
-/// `interval`: whether the peer gets through copies of the records it has just written, or
-/// stalls waiting for its own prepared transaction. The table is not checked (a stalled run
-/// holds what its committed checkpoints wrote).
+/// A pre-filled topic like the batch drain's, copies included (10% resends, each a moment after
+/// its original in its partition), drained with checkpoints every `interval`: whether the peer
+/// gets through copies of records its previous checkpoint's transaction holds, prepared, or
+/// stalls waiting for its own lock. At full speed a JDBC batch (5,000 records) fills and runs
+/// between checkpoints, so a copy's upsert can meet its original's prepared row; at a low rate
+/// the batch runs at the checkpoint, after the previous one committed. The table is checked
+/// only when the run went through (a stalled run holds what its committed checkpoints wrote).
 async fn redelivery(
     ctx: &Ctx<'_>,
     interval: Duration,
-    duration: Duration,
+    events: u64,
 ) -> anyhow::Result<RedeliveryRun> {
     let name = format!("bench-flink-redelivery-{:06x}", fastrand::u32(..0xffffff));
-    let mix = Mix {
-        resend: 0.10,
-        ..resends_only()
-    };
-    let (session, spec) = rated(ctx.args, &name, duration, mix).await?;
-    let setup = Setup::new(ctx, &name).await?;
-    let log = setup.dir.join("flink.log");
-    let mut job = Job::start(&setup.launch(ctx, &name, interval, None, &log)).await?;
-    tokio::time::sleep(Duration::from_secs(5).max(interval * 2)).await;
+    let plan = vec![Step {
+        rate: None,
+        duration: Duration::from_secs(3600),
+    }];
+    let spec = spec(
+        ctx.args,
+        &name,
+        PARTITIONS,
+        plan,
+        Some(events),
+        resends_only(),
+    );
+    let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
     produced.stop_sampling();
     let topic = topic(ctx.args, name.clone(), &produced)?;
+    let setup = Setup::new(ctx, &name).await?;
+    let log = setup.dir.join("flink.log");
+    let started = Instant::now();
+    let mut job = Job::start(&setup.launch(ctx, &name, interval, None, &log)).await?;
     let outcome = until_applied(ctx, &mut job, &setup.table, &topic, interval).await;
     let group = group_reader(&ctx.args.services.brokers, &setup.table)?;
-    let run = RedeliveryRun {
+    let mut run = RedeliveryRun {
         checkpoint_interval_ms: interval.as_millis() as u64,
-        rate: RATE,
-        seconds: duration.as_secs_f64(),
+        events: topic.expected.len() as u64,
         records: topic.records,
+        copies: topic.records - topic.expected.len() as u64,
+        seconds: round1(started.elapsed().as_secs_f64()),
         stalled: outcome.is_err(),
         lag_at_end: lag(&group, &topic.name, &topic.highs)?,
         waiting_on_prepared: waiting_on_prepared(&ctx.db).await?,
@@ -531,12 +611,17 @@ async fn redelivery(
             .query_one("SELECT count(*) FROM pg_prepared_xacts", &[])
             .await?)
             .get(0),
+        check: None,
     };
     if let Err(e) = outcome {
         eprintln!("   {e:#}");
     }
     job.stop().await?;
     roll_back_prepared(&ctx.db).await?;
+    if !run.stalled {
+        run.check =
+            Some(check_table(&ctx.db, &setup.table, &topic.expected, Some(&topic.copies)).await?);
+    }
     ctx.db
         .batch_execute(&format!("DROP TABLE {}", setup.table))
         .await?;

@@ -1,0 +1,123 @@
+//! The engine on the peer's effect: the batch strategy draining the topic Flink's drains read,
+//! with an SQL handler whose statement is the peer's upsert into a table of the peer's shape
+//! (in the engine's database, as the engine's effect must be: one transaction holds it, its
+//! dedupe keys and its offsets). `batch_vs_flink_xa` sets the cashback effect (four writes a
+//! payment: the key, the credit, the wallet, the outbox row) against Flink's one upsert; this run
+//! sets one write against one write, measured the same way: rows' commit times from the same
+//! clock, from the first row written to the last commit.
+
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+
+use super::commits::CommitClock;
+use super::{committed_rows, Ctx, DrainRun, Span, Topic, MORE_COLUMNS, STALL};
+use crate::bench::db::Db;
+use crate::bench::peer::{check_table, create_table};
+use crate::bench::worker::Worker;
+use crate::bench::{round1, round2};
+
+/// The peer's upsert (peers/flink-xa, `FlinkXaPeer.UPSERT`) over the batch's fresh messages,
+/// `{t}` the table. In key order, as the SQL handler's docs ask (two partitions' batches lock
+/// rows in one order). A redelivered record is not in `fresh_messages`, so `applied` counts each
+/// event once, as the check expects of an exactly-once sink.
+const STATEMENT: &str = "INSERT INTO {t} (event_id, payment_id, user_id, amount_paise, \
+occurred_at, kafka_ts) SELECT message_id, payload->>'payment_id', payload->>'user_id', \
+(payload->>'amount_paise')::int8, (payload->>'occurred_at')::timestamptz, kafka_ts \
+FROM fresh_messages ORDER BY message_id ON CONFLICT (event_id) DO UPDATE SET \
+payment_id = EXCLUDED.payment_id, user_id = EXCLUDED.user_id, \
+amount_paise = EXCLUDED.amount_paise, occurred_at = EXCLUDED.occurred_at, \
+kafka_ts = EXCLUDED.kafka_ts, applied = {t}.applied + 1";
+
+/// The handler's statement as the report shows it (`{t}` for the run's table).
+pub(super) fn statement() -> &'static str {
+    STATEMENT
+}
+
+/// One worker of the engine (`bin`), batch strategy with its defaults, draining `topic` into a
+/// fresh table of the peer's shape. `checkpoint_interval_ms` is 0: the engine commits each batch.
+pub(super) async fn drain(
+    ctx: &Ctx<'_>,
+    bin: &std::path::Path,
+    topic: &Topic,
+) -> anyhow::Result<DrainRun> {
+    let name = format!("{}-engine", topic.name);
+    let table = name.replace('-', "_");
+    let (db, conn) =
+        tokio_postgres::connect(&ctx.args.services.database_url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    create_table(&db, &table, MORE_COLUMNS).await?;
+    let toml = format!(
+        "[worker]\nid = \"{name}\"\n[[consumer]]\nname = \"{name}\"\ntopics = [\"{}\"]\n\
+         strategy = \"batch\"\n[consumer.handler]\nkind = \"sql\"\nstatement = '''{}'''\n",
+        topic.name,
+        STATEMENT.replace("{t}", &table)
+    );
+    let clock = CommitClock::start(&ctx.args.services.database_url).await?;
+    let pg = Db::connect(ctx.args).await?;
+    let mark = pg.mark().await?;
+    let clock_cpu = clock.cpu_s();
+    let mut worker = Worker::start_config(bin, ctx.args, &toml, &name).await?;
+    let waited = until_rows(&db, &mut worker, &name, &table, topic).await;
+    let (rss_mb, cpu_s) = worker.usage();
+    let cost = pg.cost_since(&mark).await?;
+    let clock_cpu = clock.cpu_s() - clock_cpu;
+    worker.stop().await?;
+    let commits = clock.stop();
+    waited?;
+    let check = check_table(&db, &table, &topic.expected, Some(&topic.copies)).await?;
+    let rows = committed_rows(&db, &table, &commits).await?;
+    db.batch_execute(&format!("DROP TABLE {table}")).await?;
+    let records = topic.records;
+    let span = Span::of(&rows);
+    Ok(DrainRun {
+        checkpoint_interval_ms: 0,
+        events: topic.expected.len() as u64,
+        records,
+        msg_s: span.rate_from_first_write(records),
+        msg_s_after_first_commit: span.rate(records),
+        seconds: round2(span.last - span.first),
+        transactions: span.transactions,
+        startup_s: 0.0,
+        cpu_us_per_msg: round1(cpu_s * 1e6 / records.max(1) as f64),
+        pg_cpu_us_per_msg: round1((cost.pg_cpu_s - clock_cpu).max(0.0) * 1e6 / records as f64),
+        wal_bytes_per_msg: cost.wal_bytes_per(records),
+        rss_mb_peak: round1(rss_mb),
+        check,
+        prepared_left: 0,
+    })
+}
+
+/// Until the table holds a row for every event of the topic; failing if the worker exits or the
+/// count stands still for [`STALL`].
+async fn until_rows(
+    db: &tokio_postgres::Client,
+    worker: &mut Worker,
+    file: &str,
+    table: &str,
+    topic: &Topic,
+) -> anyhow::Result<()> {
+    let want = topic.expected.len() as i64;
+    let (mut last, mut moved) = (-1_i64, Instant::now());
+    loop {
+        let rows: i64 = (db
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await?)
+            .get(0);
+        if rows >= want {
+            return Ok(());
+        }
+        if rows != last {
+            (last, moved) = (rows, Instant::now());
+        }
+        if let Some(why) = worker.exited(&format!("{file}.log")) {
+            anyhow::bail!("the engine's drain of {}: {why}", topic.name);
+        }
+        ensure!(
+            moved.elapsed() < STALL,
+            "the engine's drain of {} stalled at {rows} of {want} rows (see {file}.log)",
+            topic.name
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
