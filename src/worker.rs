@@ -117,23 +117,7 @@ impl Worker {
             }
             clients.insert(db.name.clone(), client);
         }
-        // A consumer's ledger and offsets are where it ran before: started on another database
-        // it would begin again from `auto_offset_reset` with an empty ledger, and apply again
-        // what it had applied. Refuse while its offsets are in another database this worker
-        // can see.
-        for c in &config.consumers {
-            for (name, client) in &clients {
-                if name != c.database_name()
-                    && crate::store::offsets::any_stored(client, &c.name).await?
-                {
-                    return Err(WorkerError::Moved {
-                        consumer: c.name.clone(),
-                        found: name.clone(),
-                        configured: c.database_name().to_string(),
-                    });
-                }
-            }
-        }
+        refuse_moved(&config, &clients).await?;
 
         let health = Health::new();
         let mut endpoint = None;
@@ -552,4 +536,72 @@ async fn sample_database(
 /// A retention window in whole days (as the retention guard counts them), at least 1.
 pub fn retention_days(retention: Duration) -> i32 {
     ((retention.as_secs() / 86_400).max(1)).min(i32::MAX as u64) as i32
+}
+
+/// A consumer's ledger and offsets are where it ran before: started on another database it
+/// would begin again from `auto_offset_reset` with an empty ledger, and apply again what it had
+/// applied. Refuses while a consumer's offsets are in another database of the config: every
+/// one it names (a consumer moved off `[database]` is found there), the ones this worker does
+/// not use looked at best-effort (one that cannot be reached in a few seconds is warned of). Two
+/// names of one database (`clients` by name, this worker's) are one database.
+async fn refuse_moved(
+    config: &Config,
+    clients: &BTreeMap<String, tokio_postgres::Client>,
+) -> Result<(), WorkerError> {
+    const IDENTITY: &str = "SELECT current_database() || '@' || pg_postmaster_start_time()::text \
+                            || ':' || coalesce(inet_server_port(), 0)::text";
+    let mut others = BTreeMap::new();
+    for (name, db) in config.database.iter() {
+        if clients.contains_key(name) {
+            continue;
+        }
+        let connect = tokio::time::timeout(Duration::from_secs(5), pool::connect_to(db));
+        match connect.await {
+            Ok(Ok(client)) => {
+                others.insert(name.to_string(), client);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(database = name, error = %e, "not looked at for offsets of moved consumers: cannot connect")
+            }
+            Err(_) => {
+                tracing::warn!(
+                    database = name,
+                    "not looked at for offsets of moved consumers: no connection within 5s"
+                )
+            }
+        }
+    }
+    let mut identity = BTreeMap::new();
+    for (name, client) in clients.iter().chain(others.iter()) {
+        let id: String = client
+            .query_one(IDENTITY, &[])
+            .await
+            .map_err(crate::store::StoreError::from)?
+            .get(0);
+        let migrated: Option<String> = client
+            .query_one("SELECT to_regclass('consumer_offsets')::text", &[])
+            .await
+            .map_err(crate::store::StoreError::from)?
+            .get(0);
+        identity.insert(name.as_str(), (id, client, migrated.is_some()));
+    }
+    for c in &config.consumers {
+        let own = c.database_name();
+        let Some((own_id, _, _)) = identity.get(own) else {
+            continue;
+        };
+        for (name, (id, client, migrated)) in &identity {
+            if *name == own || id == own_id || !migrated {
+                continue;
+            }
+            if crate::store::offsets::any_stored(*client, &c.name).await? {
+                return Err(WorkerError::Moved {
+                    consumer: c.name.clone(),
+                    found: name.to_string(),
+                    configured: own.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
 }

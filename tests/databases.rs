@@ -252,4 +252,35 @@ async fn two_consumers_on_two_databases_each_exactly_once_and_one_crash_leaves_t
         Err(e) => panic!("expected WorkerError::Moved, got {e}"),
         Ok(_) => panic!("a consumer moved to another database must not start"),
     }
+
+    // `a` alone, moved off [database] to `second`: this worker has no pool on [database], and
+    // looks there all the same.
+    let alone = |database: &str, url: &str| {
+        let text = format!(
+            "[kafka]\nbrokers = \"{}\"\n[database]\nurl = \"{}\"\n\
+             [database.{database}]\nurl = \"{url}\"\n\
+             [[consumer]]\nname = \"{ca}\"\ntopics = [\"{ta}\"]\n\
+             handler = {{ kind = \"cashback\" }}\ndatabase = \"{database}\"\n",
+            common::kafka_brokers(),
+            common::database_url(),
+        );
+        Config::from_toml_str(&text).expect("test config")
+    };
+    match Worker::start(alone("second", &second), Registry::new()).await {
+        Err(WorkerError::Moved { found, .. }) => assert_eq!(found, "default"),
+        Err(e) => panic!("expected WorkerError::Moved, got {e}"),
+        Ok(_) => panic!("a consumer moved off [database] must not start"),
+    }
+    // [database] again under another name and another spelling of its host: one database, so
+    // `a` starts where its offsets are.
+    let alias = common::database_url().replacen("127.0.0.1", "localhost", 1);
+    assert_ne!(
+        alias,
+        common::database_url(),
+        "the stack's URL names 127.0.0.1"
+    );
+    let worker = Worker::start(alone("alias", &alias), Registry::new())
+        .await
+        .expect("one database under two names is where `a` ran");
+    worker.stop().await.expect("the worker stops cleanly");
 }

@@ -77,6 +77,9 @@ pub async fn run(action: InboxAction) -> anyhow::Result<()> {
     match action {
         InboxAction::Status { config: arg } => {
             let config = Config::load(&arg.config)?;
+            if let Some(d) = &arg.database {
+                config.database.get(Some(d)).map_err(anyhow::Error::msg)?;
+            }
             // Inbox consumers, and versioned ones (their gaps wait in the inbox).
             let inbox = |c: &&crate::config::ConsumerConfig| {
                 c.strategy == Strategy::Inbox || c.version.is_some()

@@ -308,6 +308,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 (Some(path), _) => {
                     let config = Config::load(&path)?;
                     for (name, db) in config.database.iter() {
+                        if !config.uses_database(name) {
+                            println!(
+                                "{name}: skipped, nothing of this config works on it (its \
+                                 consumers, relay, sender and console are on other databases)"
+                            );
+                            continue;
+                        }
                         let mut client = store::pool::connect_to(db).await?;
                         let applied = store::migrate::run(&mut client).await?;
                         print_migrated(&format!("{name} ({})", db.url), &applied.names);
@@ -432,21 +439,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?;
                 println!("  connect kafka: ok ({brokers} broker(s) in the metadata)");
                 for (name, db) in config.database.iter() {
-                    // The default database of a config whose consumers are all elsewhere, and
-                    // that has no relay, sender or console on it, need not be there.
-                    let used = config.consumers.iter().any(|c| c.database_name() == name)
-                        || (name == crate::config::DEFAULT_DATABASE
-                            && (config.relay.is_some()
-                                || config.sender.is_some()
-                                || config.console.is_some()
-                                || config.consumers.is_empty()));
-                    let used = used
-                        || [
-                            config.relay.as_ref().and_then(|r| r.database.as_deref()),
-                            config.sender.as_ref().and_then(|s| s.database.as_deref()),
-                            config.console.as_ref().and_then(|c| c.database.as_deref()),
-                        ]
-                        .contains(&Some(name));
+                    let used = config.uses_database(name);
                     if !used {
                         continue;
                     }

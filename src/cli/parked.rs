@@ -44,6 +44,27 @@ impl ConfigArg {
             .clone();
         Ok(Loaded { config, db })
     }
+
+    /// [`ConfigArg::load`] for a row named by its id alone: ids are numbered in each database,
+    /// so a config of several databases needs `--database` (the same id is another consumer's
+    /// row in another database).
+    pub(super) fn load_by_id(&self) -> anyhow::Result<Loaded> {
+        let loaded = self.load(None)?;
+        if self.database.is_none() && !loaded.config.database.named.is_empty() {
+            anyhow::bail!(
+                "ids are numbered in each database, and this config names {}: say which with \
+                 --database (`dead-letters list --consumer NAME` lists a consumer's ids from \
+                 its own database)",
+                loaded
+                    .config
+                    .database
+                    .names()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        Ok(loaded)
+    }
 }
 
 /// The database of `consumer` when the config has it (a `--database` that names another is
@@ -342,7 +363,7 @@ pub async fn dead_letters(action: DeadLetterAction) -> anyhow::Result<()> {
             Ok(())
         }
         DeadLetterAction::Show { config, id, how } => {
-            let target = config.load(None)?;
+            let target = config.load_by_id()?;
             let client = store::pool::connect_to(&target.db).await?;
             match store::parked::dead_letter(&client, id).await? {
                 Some(d) => print!("{}", show::dead_letter(&d, how)),
@@ -374,7 +395,10 @@ async fn dead_letter_change(
     change: &ChangeArgs,
     redrive: Option<&[(String, String)]>,
 ) -> anyhow::Result<()> {
-    let Loaded { config, db, .. } = config.load(filter.consumer.as_deref())?;
+    let Loaded { config, db, .. } = match id {
+        Some(_) => config.load_by_id()?,
+        None => config.load(filter.consumer.as_deref())?,
+    };
     let sel = match selection(id, filter, change)? {
         Some(id) => DeadLetters::Id(id),
         None => DeadLetters::Matching(filter.filter()?),
@@ -643,7 +667,7 @@ async fn notification_change(
 
 #[cfg(test)]
 mod tests {
-    use super::pick_database;
+    use super::{pick_database, ConfigArg};
     use crate::config::Config;
 
     const TWO: &str = "[database.ledger]\nurl = \"postgres://h2/x\"\n\
@@ -676,5 +700,25 @@ mod tests {
         );
         let e = pick_database(&c, None, Some("nope")).unwrap_err();
         assert!(e.to_string().contains("no database \"nope\""), "{e}");
+    }
+
+    #[test]
+    fn an_id_alone_needs_its_database_when_there_are_several() {
+        let path = std::env::temp_dir().join(format!("effectively-id-{}.toml", std::process::id()));
+        std::fs::write(&path, TWO).expect("write a temporary config");
+        let arg = |database: Option<&str>| ConfigArg {
+            config: path.clone(),
+            database: database.map(String::from),
+        };
+        let e = arg(None)
+            .load_by_id()
+            .err()
+            .expect("refused without --database");
+        assert!(e.to_string().contains("--database"), "{e}");
+        let loaded = arg(Some("ledger"))
+            .load_by_id()
+            .expect("--database names it");
+        assert_eq!(loaded.db.url.expose(), "postgres://h2/x");
+        std::fs::remove_file(&path).ok();
     }
 }

@@ -153,7 +153,33 @@ impl Databases {
             };
             problems.extend(db.problems(&at));
         }
+        // One database under two names: a worker would take a consumer's own offsets for rows
+        // it left behind elsewhere. A named database without a `url` (in the file or its
+        // variable) has the built-in default's, the usual way to get here.
+        let all: Vec<(&str, &DatabaseConfig)> = self.iter().collect();
+        for (i, (a, da)) in all.iter().enumerate() {
+            for (b, db) in &all[i + 1..] {
+                if da.url.expose() == db.url.expose() {
+                    problems.push(format!(
+                        "{} and [database.{b}] have the same url: give [database.{b}] a url of its \
+                         own (in the file or {}); a database without one has the built-in \
+                         default, {}",
+                        section(a),
+                        Databases::url_variable(b),
+                        DatabaseConfig::default().url.expose()
+                    ));
+                }
+            }
+        }
         problems
+    }
+}
+
+/// How the config file spells the database `name`'s section.
+fn section(name: &str) -> String {
+    match name {
+        DEFAULT_DATABASE => "[database]".into(),
+        n => format!("[database.{n}]"),
     }
 }
 
@@ -380,8 +406,29 @@ mod tests {
         );
         // Pool 8 on `ledger` is enough, though the default's pool is 1.
         let text =
-            format!("[database]\npool_size = 1\n[database.ledger]\npool_size = 8\n{TWO}{inbox}");
+            format!("[database]\npool_size = 1\n[database.ledger]\nurl = \"postgres://h2/y\"\npool_size = 8\n{TWO}{inbox}");
         Config::from_toml_str(&text).expect("6 + 2 fit ledger's pool");
+    }
+
+    #[test]
+    fn one_database_under_two_names_is_refused() {
+        // No url: the built-in default's, which [database] has too.
+        let msg = invalid(&format!("[database.ledger]\npool_size = 4\n{TWO}"));
+        assert!(
+            msg.contains("[database] and [database.ledger] have the same url")
+                && msg.contains("DATABASE_URL_LEDGER"),
+            "{msg}"
+        );
+        let text = format!(
+            "[database]\nurl = \"postgres://h/x\"\n[database.ledger]\nurl = \"postgres://h/x\"\n{TWO}"
+        );
+        assert!(invalid(&text).contains("the same url"));
+        let text = format!(
+            "[database.ledger]\nurl = \"postgres://h/y\"\n[database.orders]\nurl = \"postgres://h/y\"\n{TWO}"
+        );
+        assert!(
+            invalid(&text).contains("[database.ledger] and [database.orders] have the same url")
+        );
     }
 
     #[test]

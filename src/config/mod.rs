@@ -261,6 +261,24 @@ fn redact(s: &str) -> String {
 }
 
 impl Config {
+    /// Whether something of this config works on the database `name`: a consumer on it, or the
+    /// relay, sender or console (on `[database]` unless they name another). The default
+    /// database of a config whose consumers are all elsewhere, with no relay, sender or console,
+    /// need not be there (`migrate` and `check-config --connect` skip it).
+    pub fn uses_database(&self, name: &str) -> bool {
+        let default = name == DEFAULT_DATABASE;
+        self.consumers.iter().any(|c| c.database_name() == name)
+            || (default && self.consumers.is_empty())
+            || [
+                self.relay.as_ref().map(|r| r.database.as_deref()),
+                self.sender.as_ref().map(|s| s.database.as_deref()),
+                self.console.as_ref().map(|c| c.database.as_deref()),
+            ]
+            .into_iter()
+            .flatten()
+            .any(|d| d.unwrap_or(DEFAULT_DATABASE) == name)
+    }
+
     /// Parses and validates `text`, without environment overrides.
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text)?;
