@@ -123,6 +123,13 @@ impl CommitClock {
     }
 }
 
+/// A clock dropped on an error path stops too (a task of its own polls until aborted).
+impl Drop for CommitClock {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// The snapshots of a run, to look commit times up in.
 pub(super) struct Commits {
     snapshots: Vec<Snapshot>,

@@ -58,11 +58,12 @@ pub(super) async fn drain(
     let mark = pg.mark().await?;
     let clock_cpu = clock.cpu_s();
     let mut worker = Worker::start_config(bin, ctx.args, &toml, &name).await?;
-    let waited = until_rows(&db, &mut worker, &name, &table, topic).await;
+    let waited = until_stored(&db, &mut worker, &name, topic).await;
     let (rss_mb, cpu_s) = worker.usage();
+    // Stopped first: the cost's mark waits for the engine's sessions to end.
+    worker.stop().await?;
     let cost = pg.cost_since(&mark).await?;
     let clock_cpu = clock.cpu_s() - clock_cpu;
-    worker.stop().await?;
     let commits = clock.stop();
     waited?;
     let check = check_table(&db, &table, &topic.expected, Some(&topic.copies)).await?;
@@ -88,34 +89,38 @@ pub(super) async fn drain(
     })
 }
 
-/// Until the table holds a row for every event of the topic; failing if the worker exits or the
-/// count stands still for [`STALL`].
-async fn until_rows(
+/// Until the consumer's stored offsets reach the topic's ends (each partition's last batch
+/// committed with them: its rows are in the table); failing if the worker exits or the offsets
+/// stand still for [`STALL`]. Six rows a poll, not a count of the growing table.
+async fn until_stored(
     db: &tokio_postgres::Client,
     worker: &mut Worker,
-    file: &str,
-    table: &str,
+    consumer: &str,
     topic: &Topic,
 ) -> anyhow::Result<()> {
-    let want = topic.expected.len() as i64;
+    let want: i64 = topic.highs.iter().sum();
     let (mut last, mut moved) = (-1_i64, Instant::now());
     loop {
-        let rows: i64 = (db
-            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        let stored: i64 = (db
+            .query_one(
+                "SELECT coalesce(sum(next_offset), 0)::int8 FROM consumer_offsets \
+                 WHERE consumer = $1 AND topic = $2",
+                &[&consumer, &topic.name],
+            )
             .await?)
             .get(0);
-        if rows >= want {
+        if stored >= want {
             return Ok(());
         }
-        if rows != last {
-            (last, moved) = (rows, Instant::now());
+        if stored != last {
+            (last, moved) = (stored, Instant::now());
         }
-        if let Some(why) = worker.exited(&format!("{file}.log")) {
+        if let Some(why) = worker.exited(&format!("{consumer}.log")) {
             anyhow::bail!("the engine's drain of {}: {why}", topic.name);
         }
         ensure!(
             moved.elapsed() < STALL,
-            "the engine's drain of {} stalled at {rows} of {want} rows (see {file}.log)",
+            "the engine's drain of {} stalled at offset {stored} of {want} (see {consumer}.log)",
             topic.name
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

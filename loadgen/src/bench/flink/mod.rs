@@ -239,6 +239,24 @@ pub(super) async fn flink(
     };
     // A run killed before it cleaned up leaves prepared transactions holding locks.
     roll_back_prepared(&ctx.db).await?;
+    let out = runs(&ctx, bin, events, latency_each, crash_for).await;
+    // On an error too: a JVM killed mid-run leaves its prepared transactions, holding their
+    // rows' locks and the cluster's vacuum horizon through the phases after this one.
+    if let Err(e) = roll_back_prepared(&ctx.db).await {
+        eprintln!("   rolling back the Flink peer's prepared transactions: {e:#}");
+    }
+    out
+}
+
+/// Every run of the phase, in order ([`flink`] cleans up after them).
+async fn runs(
+    ctx: &Ctx<'_>,
+    bin: &Path,
+    events: u64,
+    latency_each: Duration,
+    crash_for: Duration,
+) -> anyhow::Result<FlinkReport> {
+    let args = ctx.args;
     let mut report = FlinkReport {
         verified: true,
         runtime: RUNTIME.into(),
@@ -263,9 +281,9 @@ pub(super) async fn flink(
     for (i, interval) in INTERVALS.into_iter().enumerate() {
         if i == 1 {
             // Between Flink's two drains, so that both sides see the same stretch of time.
-            same_effect(&ctx, bin, &topic, &mut report).await;
+            same_effect(ctx, bin, &topic, &mut report).await;
         }
-        let run = drain(&ctx, &topic, interval).await?;
+        let run = drain(ctx, &topic, interval).await?;
         eprintln!(
             "   checkpoints every {interval:?}: {:.0} msg/s, first write to last commit ({:.0} after \
              the first commit; {} records, {:.1} s first to last commit, {} transactions), JVM start {:.1} s, {:.1} µs \
@@ -300,7 +318,7 @@ pub(super) async fn flink(
     }
 
     for interval in INTERVALS {
-        let run = latency(&ctx, interval, latency_each).await?;
+        let run = latency(ctx, interval, latency_each).await?;
         eprintln!(
             "   at {RATE}/s, checkpoints every {interval:?}: p50 {:.0} ms, p99 {:.0} ms, p99.9 \
              {:.0} ms ({} rows), verified: {}",
@@ -311,7 +329,7 @@ pub(super) async fn flink(
     }
     report.p99_ms_at_2000 = report.latency.first().map_or(0.0, |r| r.p99);
 
-    let crash = crash(&ctx, INTERVALS[0], crash_for).await?;
+    let crash = crash(ctx, INTERVALS[0], crash_for).await?;
     eprintln!(
         "   crash: SIGKILL at {:.1} s with {} transactions prepared, restarted from chk-{} (job \
          running {:.1} s after the JVM's start): {} lost, {} doubled, {} unexpected, {} prepared \
@@ -329,7 +347,7 @@ pub(super) async fn flink(
     report.verified &= crash.check.verified;
     report.crash = crash;
 
-    let redelivery = redelivery(&ctx, INTERVALS[0], events).await?;
+    let redelivery = redelivery(ctx, INTERVALS[0], events).await?;
     eprintln!(
         "   the batch drain's topic with its copies ({} of {} records), checkpoints every {:?}: \
          {} after {:.0} s (lag {} at the end, {} sessions waiting for a prepared transaction's \
@@ -608,7 +626,10 @@ async fn redelivery(
         waiting_on_prepared: waiting_on_prepared(&ctx.db).await?,
         prepared: (ctx
             .db
-            .query_one("SELECT count(*) FROM pg_prepared_xacts", &[])
+            .query_one(
+                "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
+                &[],
+            )
             .await?)
             .get(0),
         check: None,
