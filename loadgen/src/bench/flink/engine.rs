@@ -11,11 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::ensure;
 
 use super::commits::CommitClock;
-use super::{committed_rows, Ctx, DrainRun, Span, Topic, MORE_COLUMNS, STALL};
+use super::{committed_rows, Ctx, DrainRun, Topic, MORE_COLUMNS, STALL};
 use crate::bench::db::Db;
 use crate::bench::peer::{check_table, create_table};
 use crate::bench::worker::Worker;
-use crate::bench::{round1, round2};
 
 /// The peer's upsert (peers/flink-xa, `FlinkXaPeer.UPSERT`) over the batch's fresh messages,
 /// `{t}` the table. In key order, as the SQL handler's docs ask (two partitions' batches lock
@@ -69,24 +68,14 @@ pub(super) async fn drain(
     let check = check_table(&db, &table, &topic.expected, Some(&topic.copies)).await?;
     let rows = committed_rows(&db, &table, &commits).await?;
     db.batch_execute(&format!("DROP TABLE {table}")).await?;
-    let records = topic.records;
-    let span = Span::of(&rows);
-    Ok(DrainRun {
-        checkpoint_interval_ms: 0,
-        events: topic.expected.len() as u64,
-        records,
-        msg_s: span.rate_from_first_write(records),
-        msg_s_after_first_commit: span.rate(records),
-        seconds: round2(span.last - span.first),
-        transactions: span.transactions,
-        startup_s: 0.0,
-        cpu_us_per_msg: round1(cpu_s * 1e6 / records.max(1) as f64),
-        pg_cpu_us_per_msg: round1((cost.pg_cpu_s - clock_cpu).max(0.0) * 1e6 / records as f64),
-        wal_bytes_per_msg: cost.wal_bytes_per(records),
-        rss_mb_peak: round1(rss_mb),
+    Ok(DrainRun::measured(
+        topic,
+        &rows,
+        (rss_mb, cpu_s),
+        &cost,
+        clock_cpu,
         check,
-        prepared_left: 0,
-    })
+    ))
 }
 
 /// Until the consumer's stored offsets reach the topic's ends (each partition's last batch

@@ -37,7 +37,7 @@ use anyhow::{bail, ensure, Context};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::db::Db;
+use super::db::{Db, DbCost};
 use super::peer::{self, check_table, create_table, delete_topics, group_reader, lag, Jdbc};
 use super::worker::{resends_only, spec, PARTITIONS};
 use super::{round1, round2, BenchArgs};
@@ -158,6 +158,55 @@ pub(super) struct DrainRun {
     pub(super) check: peer::TableCheck,
     /// Prepared transactions left in PostgreSQL after the JVM stopped (rolled back then).
     pub(super) prepared_left: u64,
+}
+
+impl DrainRun {
+    /// A drain of `topic` whose rows' commit times are `rows`: `cpu_s` the process's CPU over
+    /// it, `cost` PostgreSQL's, less `clock_cpu_s` (the commit clock's own session). The
+    /// interval, start-up and prepared transactions left are the caller's to set.
+    fn measured(
+        topic: &Topic,
+        rows: &[Row],
+        (rss_mb, cpu_s): (f64, f64),
+        cost: &DbCost,
+        clock_cpu_s: f64,
+        check: peer::TableCheck,
+    ) -> DrainRun {
+        let records = topic.records;
+        let span = Span::of(rows);
+        DrainRun {
+            events: topic.expected.len() as u64,
+            records,
+            msg_s: span.rate_from_first_write(records),
+            msg_s_after_first_commit: span.rate(records),
+            seconds: round2(span.last - span.first),
+            transactions: span.transactions,
+            cpu_us_per_msg: round1(cpu_s * 1e6 / records.max(1) as f64),
+            pg_cpu_us_per_msg: round1(
+                (cost.pg_cpu_s - clock_cpu_s).max(0.0) * 1e6 / records.max(1) as f64,
+            ),
+            wal_bytes_per_msg: cost.wal_bytes_per(records),
+            rss_mb_peak: round1(rss_mb),
+            check,
+            ..DrainRun::default()
+        }
+    }
+
+    /// What a drain's line says after its rate.
+    fn summary(&self) -> String {
+        format!(
+            "{} records, {:.1} s first to last commit, {} transactions; {:.1} µs CPU/msg, \
+             PostgreSQL {:.1} µs CPU/msg, {:.0} WAL bytes/msg, peak RSS {:.0} MB, verified: {}",
+            self.records,
+            self.seconds,
+            self.transactions,
+            self.cpu_us_per_msg,
+            self.pg_cpu_us_per_msg,
+            self.wal_bytes_per_msg,
+            self.rss_mb_peak,
+            self.check.verified
+        )
+    }
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -285,21 +334,12 @@ async fn runs(
         }
         let run = drain(ctx, &topic, interval).await?;
         eprintln!(
-            "   checkpoints every {interval:?}: {:.0} msg/s, first write to last commit ({:.0} after \
-             the first commit; {} records, {:.1} s first to last commit, {} transactions), JVM start {:.1} s, {:.1} µs \
-             CPU/msg, PostgreSQL {:.1} µs CPU/msg, {:.0} WAL bytes/msg, peak RSS {:.0} MB, \
-             verified: {}",
+            "   checkpoints every {interval:?}: {:.0} msg/s, first write to last commit ({:.0} \
+             after the first commit), JVM start {:.1} s; {}",
             run.msg_s,
             run.msg_s_after_first_commit,
-            run.records,
-            run.seconds,
-            run.transactions,
             run.startup_s,
-            run.cpu_us_per_msg,
-            run.pg_cpu_us_per_msg,
-            run.wal_bytes_per_msg,
-            run.rss_mb_peak,
-            run.check.verified
+            run.summary()
         );
         report.verified &= run.check.verified;
         if run.msg_s > report.msg_s {
@@ -376,19 +416,10 @@ async fn same_effect(ctx: &Ctx<'_>, bin: &Path, topic: &Topic, report: &mut Flin
     match engine::drain(ctx, bin, topic).await {
         Ok(run) => {
             eprintln!(
-                "   the engine, batch strategy, the peer's upsert as its SQL handler: {:.0} msg/s, \
-                 first write to last commit ({} records, {:.1} s first to last commit, {} \
-                 transactions), {:.1} µs CPU/msg, PostgreSQL {:.1} µs CPU/msg, {:.0} WAL \
-                 bytes/msg, peak RSS {:.0} MB, verified: {}",
+                "   the engine, batch strategy, the peer's upsert as its SQL handler: {:.0} \
+                 msg/s, first write to last commit; {}",
                 run.msg_s,
-                run.records,
-                run.seconds,
-                run.transactions,
-                run.cpu_us_per_msg,
-                run.pg_cpu_us_per_msg,
-                run.wal_bytes_per_msg,
-                run.rss_mb_peak,
-                run.check.verified
+                run.summary()
             );
             report.verified &= run.check.verified;
             report.same_effect = run;
@@ -501,23 +532,18 @@ async fn drain(ctx: &Ctx<'_>, topic: &Topic, interval: Duration) -> anyhow::Resu
     ctx.db
         .batch_execute(&format!("DROP TABLE {}", setup.table))
         .await?;
-    let records = topic.records;
-    let span = Span::of(&rows);
     Ok(DrainRun {
         checkpoint_interval_ms: interval.as_millis() as u64,
-        events: topic.expected.len() as u64,
-        records,
-        msg_s: span.rate_from_first_write(records),
-        msg_s_after_first_commit: span.rate(records),
-        seconds: round2(span.last - span.first),
-        transactions: span.transactions,
         startup_s: round1(startup_s),
-        cpu_us_per_msg: round1((cpu_s - cpu_s_startup) * 1e6 / records.max(1) as f64),
-        pg_cpu_us_per_msg: round1((cost.pg_cpu_s - clock_cpu).max(0.0) * 1e6 / records as f64),
-        wal_bytes_per_msg: cost.wal_bytes_per(records),
-        rss_mb_peak: round1(rss_mb),
-        check,
         prepared_left,
+        ..DrainRun::measured(
+            topic,
+            &rows,
+            (rss_mb, cpu_s - cpu_s_startup),
+            &cost,
+            clock_cpu,
+            check,
+        )
     })
 }
 
