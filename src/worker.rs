@@ -542,20 +542,24 @@ pub fn retention_days(retention: Duration) -> i32 {
 /// would begin again from `auto_offset_reset` with an empty ledger, and apply again what it had
 /// applied. Refuses while a consumer's offsets are in another database of the config: every
 /// one it names (a consumer moved off `[database]` is found there), the ones this worker does
-/// not use looked at best-effort (one that cannot be reached in a few seconds is warned of). Two
+/// not use looked at best-effort (one that cannot be reached within its `connect_timeout` is
+/// warned of). Two
 /// names of one database (`clients` by name, this worker's) are one database.
 async fn refuse_moved(
     config: &Config,
     clients: &BTreeMap<String, tokio_postgres::Client>,
 ) -> Result<(), WorkerError> {
+    // Which database this is (the server's start, its port, the database's name), and whether
+    // it has been migrated (a database that never was holds no offsets).
     const IDENTITY: &str = "SELECT current_database() || '@' || pg_postmaster_start_time()::text \
-                            || ':' || coalesce(inet_server_port(), 0)::text";
+                            || ':' || coalesce(inet_server_port(), 0)::text, \
+                            to_regclass('consumer_offsets') IS NOT NULL";
     let mut others = BTreeMap::new();
     for (name, db) in config.database.iter() {
         if clients.contains_key(name) {
             continue;
         }
-        let connect = tokio::time::timeout(Duration::from_secs(5), pool::connect_to(db));
+        let connect = tokio::time::timeout(db.connect_timeout, pool::connect_to(db));
         match connect.await {
             Ok(Ok(client)) => {
                 others.insert(name.to_string(), client);
@@ -566,24 +570,19 @@ async fn refuse_moved(
             Err(_) => {
                 tracing::warn!(
                     database = name,
-                    "not looked at for offsets of moved consumers: no connection within 5s"
+                    "not looked at for offsets of moved consumers: no connection within its connect_timeout"
                 )
             }
         }
     }
     let mut identity = BTreeMap::new();
     for (name, client) in clients.iter().chain(others.iter()) {
-        let id: String = client
-            .query_one(IDENTITY, &[])
-            .await
-            .map_err(crate::store::StoreError::from)?
-            .get(0);
-        let migrated: Option<String> = client
-            .query_one("SELECT to_regclass('consumer_offsets')::text", &[])
-            .await
-            .map_err(crate::store::StoreError::from)?
-            .get(0);
-        identity.insert(name.as_str(), (id, client, migrated.is_some()));
+        let row =
+            (client.query_one(IDENTITY, &[]).await).map_err(crate::store::StoreError::from)?;
+        identity.insert(
+            name.as_str(),
+            (row.get::<_, String>(0), client, row.get::<_, bool>(1)),
+        );
     }
     for c in &config.consumers {
         let own = c.database_name();

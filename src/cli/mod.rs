@@ -439,8 +439,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?;
                 println!("  connect kafka: ok ({brokers} broker(s) in the metadata)");
                 for (name, db) in config.database.iter() {
-                    let used = config.uses_database(name);
-                    if !used {
+                    if !config.uses_database(name) {
                         continue;
                     }
                     let client = store::pool::connect_to(db).await?;

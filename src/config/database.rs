@@ -147,11 +147,7 @@ impl Databases {
     pub(super) fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         for (name, db) in self.iter() {
-            let at = match name {
-                DEFAULT_DATABASE => "database".to_string(),
-                n => format!("database.{n}"),
-            };
-            problems.extend(db.problems(&at));
+            problems.extend(db.problems(&key(name)));
         }
         // One database under two names: a worker would take a consumer's own offsets for rows
         // it left behind elsewhere. A named database without a `url` (in the file or its
@@ -161,10 +157,10 @@ impl Databases {
             for (b, db) in &all[i + 1..] {
                 if da.url.expose() == db.url.expose() {
                     problems.push(format!(
-                        "{} and [database.{b}] have the same url: give [database.{b}] a url of its \
-                         own (in the file or {}); a database without one has the built-in \
+                        "[{}] and [database.{b}] have the same url: give [database.{b}] a url of \
+                         its own (in the file or {}); a database without one has the built-in \
                          default, {}",
-                        section(a),
+                        key(a),
                         Databases::url_variable(b),
                         DatabaseConfig::default().url.expose()
                     ));
@@ -175,11 +171,11 @@ impl Databases {
     }
 }
 
-/// How the config file spells the database `name`'s section.
-fn section(name: &str) -> String {
+/// The config file's key of the database `name`: `database` or `database.NAME`.
+fn key(name: &str) -> String {
     match name {
-        DEFAULT_DATABASE => "[database]".into(),
-        n => format!("[database.{n}]"),
+        DEFAULT_DATABASE => "database".into(),
+        n => format!("database.{n}"),
     }
 }
 

@@ -287,10 +287,7 @@ async fn attempt(members: &[Member]) -> Result<Vec<Outcome>, Failure> {
     let t0 = Instant::now();
     let mut conn = ctx.pool.get().await?;
     let transaction = async {
-        if ctx.dedupe == crate::config::Dedupe::Ledger {
-            let dates = sorted.candidates.iter().map(|e| e.event_date);
-            ctx.partitions.ensure(&**conn, dates).await?;
-        }
+        super::stage::ensure_partitions(ctx, &**conn, &sorted.candidates).await?;
         let tx = conn.transaction().await?;
         if let Some((parent, state)) = &carrier {
             trace_context::set_local(&tx, parent, state.as_deref()).await?;

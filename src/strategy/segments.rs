@@ -368,13 +368,7 @@ async fn attempt(
     // SIGSTOPped or frozen primary, whose kernel still acknowledges every packet, so neither
     // keepalives nor the TCP user timeout notice) must not hold the partition for ever.
     let transaction = async {
-        // The ledger's daily partitions for the batch's dates (none to write under
-        // `dedupe = "business-row"`).
-        if ctx.dedupe == crate::config::Dedupe::Ledger {
-            ctx.partitions
-                .ensure(&**conn, candidates.iter().map(|e| e.event_date))
-                .await?;
-        }
+        super::stage::ensure_partitions(ctx, &**conn, &candidates).await?;
         let tx = conn.transaction().await?;
         if let Some((parent, state)) = &carrier {
             trace_context::set_local(&tx, parent, state.as_deref()).await?;

@@ -1,10 +1,13 @@
 //! Steps 3 and 4 of the batch strategy, shared by one partition's transaction
 //! ([`super::batched`]) and a commit group's ([`super::group`]): stage the first copies with a
 //! binary `COPY`, then insert their keys into the dedupe ledger; the keys it returns are fresh.
+//! And, before any transaction that writes keys (the per-message strategy's too), the ledger's
+//! daily partitions they go to.
 
 use std::time::Instant;
 
 use deadpool_postgres::Transaction;
+use tokio_postgres::GenericClient;
 
 use super::PartitionCtx;
 use crate::config::Dedupe;
@@ -28,4 +31,18 @@ pub(super) async fn stage_and_dedupe(
     let staged = Instant::now();
     let fresh = dedupe::insert_staged(tx, &ctx.consumer, candidates, set_based).await?;
     Ok((staged, fresh))
+}
+
+/// Before the transaction: the ledger's daily partitions for the dates of `candidates`, made
+/// where missing (none under `dedupe = "business-row"`: no key is written there).
+pub(super) async fn ensure_partitions<C: GenericClient + Sync>(
+    ctx: &PartitionCtx,
+    client: &C,
+    candidates: &[&Envelope],
+) -> Result<(), StoreError> {
+    if ctx.dedupe == Dedupe::BusinessRow {
+        return Ok(());
+    }
+    let dates = candidates.iter().map(|e| e.event_date);
+    ctx.partitions.ensure(client, dates).await
 }

@@ -91,7 +91,7 @@ pub(super) struct RedeliveryRun {
     /// Sessions of the peer's database waiting for a lock that a prepared transaction holds,
     /// when the run stopped.
     pub(super) waiting_on_prepared: i64,
-    pub(super) prepared: i64,
+    pub(super) prepared: u64,
     /// The table against the topic, when the run went through (a copy is applied again, as
     /// an upsert: `applied` counts it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -321,7 +321,8 @@ async fn runs(
         ..FlinkReport::default()
     };
 
-    let topic = prefill(args, events).await?;
+    let name = format!("bench-flink-{:06x}", fastrand::u32(..0xffffff));
+    let topic = prefill(args, &name, events, no_copies()).await?;
     eprintln!(
         "   topic pre-filled: {} records ({} payments)",
         topic.records,
@@ -432,18 +433,18 @@ async fn same_effect(ctx: &Ctx<'_>, bin: &Path, topic: &Topic, report: &mut Flin
     }
 }
 
-/// A payments topic like the batch drain's (6 partitions, 10% resends), `events` payments.
-async fn prefill(args: &BenchArgs, events: u64) -> anyhow::Result<Topic> {
-    let name = format!("bench-flink-{:06x}", fastrand::u32(..0xffffff));
+/// A pre-filled payments topic `name` like the batch drain's (6 partitions), `events` payments
+/// written with `mix`.
+async fn prefill(args: &BenchArgs, name: &str, events: u64, mix: Mix) -> anyhow::Result<Topic> {
     let plan = vec![Step {
         rate: None,
         duration: Duration::from_secs(3600),
     }];
-    let spec = spec(args, &name, PARTITIONS, plan, Some(events), no_copies());
+    let spec = spec(args, name, PARTITIONS, plan, Some(events), mix);
     let session = Session::open(&spec).await?;
     let produced = produce_stage(&session, &spec).await?;
     produced.stop_sampling();
-    topic(args, name, &produced)
+    topic(args, name.to_string(), &produced)
 }
 
 fn topic(args: &BenchArgs, name: String, produced: &crate::Produced) -> anyhow::Result<Topic> {
@@ -619,22 +620,7 @@ async fn redelivery(
     events: u64,
 ) -> anyhow::Result<RedeliveryRun> {
     let name = format!("bench-flink-redelivery-{:06x}", fastrand::u32(..0xffffff));
-    let plan = vec![Step {
-        rate: None,
-        duration: Duration::from_secs(3600),
-    }];
-    let spec = spec(
-        ctx.args,
-        &name,
-        PARTITIONS,
-        plan,
-        Some(events),
-        resends_only(),
-    );
-    let session = Session::open(&spec).await?;
-    let produced = produce_stage(&session, &spec).await?;
-    produced.stop_sampling();
-    let topic = topic(ctx.args, name.clone(), &produced)?;
+    let topic = prefill(ctx.args, &name, events, resends_only()).await?;
     let setup = Setup::new(ctx, &name).await?;
     let log = setup.dir.join("flink.log");
     let started = Instant::now();
@@ -650,14 +636,7 @@ async fn redelivery(
         stalled: outcome.is_err(),
         lag_at_end: lag(&group, &topic.name, &topic.highs)?,
         waiting_on_prepared: waiting_on_prepared(&ctx.db).await?,
-        prepared: (ctx
-            .db
-            .query_one(
-                "SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()",
-                &[],
-            )
-            .await?)
-            .get(0),
+        prepared: prepared(&ctx.db).await?,
         check: None,
     };
     if let Err(e) = outcome {
